@@ -1,0 +1,44 @@
+# gridstream: `make demo` and `make test` do all set-up themselves.
+VENV    := .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed-stamp
+PROTOS  := $(wildcard protos/gridstream/v1/*.proto)
+GEN     := gridstream/v1/.generated-stamp
+
+export SPARK_LOCAL_IP ?= 127.0.0.1
+
+.PHONY: setup demo test lint unit bench clean
+
+setup: $(STAMP) $(GEN)
+
+$(STAMP): requirements.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements.txt
+	$(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+# The gRPC code is generated from protos/, never edited by hand.
+$(GEN): $(STAMP) $(PROTOS)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m grpc_tools.protoc -I protos --python_out=. --grpc_python_out=. \
+	    --mypy_out=. --mypy_grpc_out=. $(PROTOS)
+	touch $(GEN)
+
+demo: setup
+	$(VENV)/bin/gridstream demo taxi
+
+lint: setup
+	$(VENV)/bin/ruff check gridstream services spark_bridge tests bench deploy
+	$(VENV)/bin/mypy
+
+test: setup lint
+	$(VENV)/bin/pytest
+
+unit: setup
+	$(VENV)/bin/pytest tests/unit
+
+bench: setup
+	$(PY) bench/throughput.py
+
+clean:
+	rm -rf $(VENV) gridstream/v1/*_pb2*.py gridstream/v1/*_pb2*.pyi $(GEN)

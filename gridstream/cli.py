@@ -1,0 +1,220 @@
+"""The one command-line tool: ``gridstream <command>``.
+
+Service commands (scheduler, worker, stateserver) replace this process with
+the service's own entry point, so their flags and ``--help`` are the
+service's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+
+from gridstream.config import ConfigError, load_config, to_toml
+from gridstream.errors import GridstreamError
+
+SERVICES = {"scheduler": "services.scheduler", "worker": "services.worker",
+            "stateserver": "services.stateserver"}
+STATE_NAMES = {0: "?", 1: "alive", 2: "suspect", 3: "dead"}
+ROLE_NAMES = {0: "?", 1: "worker", 2: "stateserver"}
+JOB_STATES = {0: "?", 1: "running", 2: "cancelled", 3: "failed"}
+
+
+def _scheduler_address(args: argparse.Namespace) -> str:
+    if getattr(args, "scheduler", None):
+        return str(args.scheduler)
+    return load_config(getattr(args, "config", None)).scheduler_address
+
+
+def _add_client_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scheduler", help="scheduler host:port (default: scheduler_address "
+                        "from the config, 127.0.0.1:7400)")
+    parser.add_argument("--config", help="TOML config file")
+
+
+async def _status(args: argparse.Namespace) -> int:
+    from gridstream.client import Client
+
+    async with Client(_scheduler_address(args)) as client:
+        status = await client.status()
+        print(f"epoch {status.epoch}")
+        print(f"{'member':<14}{'role':<13}{'state':<9}{'address':<22}{'partitions':>10}"
+              f"{'heartbeat age':>15}")
+        for m in status.members:
+            print(f"{m.member.node_id:<14}{ROLE_NAMES.get(m.member.role, '?'):<13}"
+                  f"{STATE_NAMES.get(m.member.state, '?'):<9}{m.member.address:<22}"
+                  f"{m.partitions_owned:>10}{m.last_heartbeat_age_s:>14.2f}s")
+        print(f"\n{'job':<28}{'state':<11}{'partitions':>10}  error")
+        for job in status.jobs:
+            print(f"{job.job_id:<28}{JOB_STATES.get(job.state, '?'):<11}"
+                  f"{job.spec.partitions:>10}  {job.error}")
+        if args.job:
+            progress = await client.progress(args.job)
+            print(f"\njob {args.job}: drained={progress.drained}")
+            print(f"{'task':>4}{'part':>5}{'node':>11}{'in':>11}{'done':>11}{'out':>11}"
+                  f"{'queued':>9}{'windows':>8}{'dead':>6}")
+            for t in sorted(progress.tasks, key=lambda t: (t.task, t.partition)):
+                print(f"{t.task:>4}{t.partition:>5}{t.node_id:>11}{t.records_in:>11}"
+                      f"{t.records_processed:>11}{t.records_out:>11}{t.queue_records:>9}"
+                      f"{t.windows_persisted:>8}{t.dead_letters:>6}")
+    return 0
+
+
+async def _submit(args: argparse.Namespace) -> int:
+    from gridstream.client import Client
+
+    async with Client(_scheduler_address(args)) as client:
+        job_id = await client.submit(args.job_file)
+    print(job_id)
+    return 0
+
+
+async def _results(args: argparse.Namespace) -> int:
+    import json
+
+    from gridstream.client import Client
+
+    async with Client(_scheduler_address(args)) as client:
+        rows = await client.results(args.job_id)
+    for key in sorted(rows)[: args.limit or None]:
+        print(f"{key}\t{json.dumps(rows[key])}")
+    return 0
+
+
+async def _cancel(args: argparse.Namespace) -> int:
+    from gridstream.client import Client
+
+    async with Client(_scheduler_address(args)) as client:
+        info = await client.cancel(args.job_id)
+    print(f"{info.job_id}: {JOB_STATES.get(info.state, '?')}")
+    return 0
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    from gridstream.demo import run_demo
+
+    config = load_config(args.config)
+    report = await run_demo(args.name, args.records, args.workers, args.state_servers,
+                            args.run_dir, config)
+    print(report.summary())
+    return 0 if report.match else 1
+
+
+async def _up(args: argparse.Namespace) -> int:
+    from gridstream.local import LocalCluster
+
+    config = load_config(args.config)
+    port = args.port if args.port is not None else int(config.scheduler_address.rsplit(":", 1)[1])
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    cluster = LocalCluster(args.run_dir, config, args.workers, args.state_servers, port)
+    async with cluster:
+        print(f"gridstream cluster up: scheduler {cluster.scheduler_address}")
+        for member in cluster.members.values():
+            print(f"  {member.name:<12} pid {member.pid:<8} {member.address:<22} "
+                  f"log {member.log_path}")
+        print("Ctrl-C (or SIGTERM) stops it gracefully.", flush=True)
+        await stop.wait()
+        print("stopping...", flush=True)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every command."""
+    parser = argparse.ArgumentParser(
+        prog="gridstream",
+        description="gridstream: stream processing with in-memory-grid fault tolerance.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="run a local cluster (scheduler, workers, state servers)",
+                        description="Start a local cluster of separate processes and keep it "
+                        "running until Ctrl-C.")
+    up.add_argument("--config", help="TOML config file")
+    up.add_argument("--workers", type=int, default=3, help="number of workers (default 3)")
+    up.add_argument("--state-servers", type=int, default=2,
+                    help="number of state servers (default 2)")
+    up.add_argument("--port", type=int, help="scheduler port (default: from scheduler_address)")
+    up.add_argument("--run-dir", default=".gridstream/local",
+                    help="directory for logs, ready files and data (default .gridstream/local)")
+    up.set_defaults(run=_up)
+
+    for name, module in SERVICES.items():
+        service = sub.add_parser(name, help=f"run a {name} process (see `gridstream {name} "
+                                 "--help`)", add_help=False)
+        service.add_argument("args", nargs=argparse.REMAINDER)
+        service.set_defaults(module=module)
+
+    status = sub.add_parser("status", help="show members, ring shares and jobs")
+    _add_client_flags(status)
+    status.add_argument("--job", help="also show per-task progress of this job")
+    status.set_defaults(run=_status)
+
+    submit = sub.add_parser("submit", help="submit a job file (TOML); prints the job id")
+    _add_client_flags(submit)
+    submit.add_argument("job_file", help="path of the job's TOML file")
+    submit.set_defaults(run=_submit)
+
+    results = sub.add_parser("results", help="print a job's sink table")
+    _add_client_flags(results)
+    results.add_argument("job_id")
+    results.add_argument("--limit", type=int, default=0, help="print at most this many rows")
+    results.set_defaults(run=_results)
+
+    cancel = sub.add_parser("cancel", help="cancel a job and delete its state")
+    _add_client_flags(cancel)
+    cancel.add_argument("job_id")
+    cancel.set_defaults(run=_cancel)
+
+    demo = sub.add_parser("demo", help="run a demo on a fresh local cluster and check it",
+                          description="Start a local cluster, run the example, compare with an "
+                          "in-process reference; exit 1 on any difference.")
+    demo.add_argument("name", choices=["taxi", "wordcount"])
+    demo.add_argument("--records", type=int,
+                      help="input size (taxi: records, default 200000; wordcount: words, "
+                      "default 300000)")
+    demo.add_argument("--workers", type=int, default=3)
+    demo.add_argument("--state-servers", type=int, default=2)
+    demo.add_argument("--run-dir", help="directory for logs and data (default: a temp dir)")
+    demo.add_argument("--config", help="TOML config file")
+    demo.set_defaults(run=_demo)
+
+    config = sub.add_parser("config", help="configuration tools")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    show = config_sub.add_parser("show", help="print the effective configuration as TOML")
+    show.add_argument("--config", help="TOML config file")
+    show.set_defaults(run=None, show=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``gridstream``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SERVICES:
+        os.execv(sys.executable, [sys.executable, "-m", SERVICES[argv[0]], *argv[1:]])
+    args = build_parser().parse_args(argv)
+    try:
+        if getattr(args, "show", False):
+            print(to_toml(load_config(args.config)), end="")
+            sys.exit(0)
+        try:
+            import uvloop
+
+            code = uvloop.run(args.run(args))
+        except KeyboardInterrupt:
+            code = 130
+    except (ConfigError, GridstreamError) as exc:
+        print(f"gridstream: {exc}", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()
+
+

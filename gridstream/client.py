@@ -1,0 +1,335 @@
+"""The gridstream client SDK (asyncio).
+
+    async with Client("127.0.0.1:7400") as client:
+        job_id = await client.submit(spec)
+        await client.send(job_id, records)          # batched, straight to workers
+        await client.drain(job_id)                  # every record processed, durable
+        results = await client.results(job_id)      # {key: value}
+
+The client fetches the routing table from the scheduler and pushes each batch
+to the worker that owns its partition; the scheduler is not on the data path.
+Each client is a producer with its own channel; every batch carries
+(channel, sequence), so a retry after a timeout or a re-route after a failure
+is recognised and never appended twice. A partition has at most one
+unacknowledged batch per client, which keeps sequences gap-free and ordered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gridstream import codec, rpc
+from gridstream.errors import (
+    DeadlineExceeded,
+    GridstreamError,
+    NotFound,
+    StaleEpoch,
+    Unavailable,
+    from_rpc_error,
+)
+from gridstream.ids import partition_for_key
+from gridstream.jobspec import JobSpec, load_job_file
+from gridstream.v1 import (
+    common_pb2,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    stateserver_pb2,
+    stateserver_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+
+DEFAULT_BATCH_SIZE = 5_000
+_RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+
+
+class Client:
+    """An asyncio connection to a gridstream cluster."""
+
+    def __init__(
+        self,
+        scheduler: str,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        producer_id: str | None = None,
+        send_timeout_s: float = 60.0,
+    ) -> None:
+        """``producer_id`` names this client's channel; give a stable one to
+        resume a stream exactly once after the client restarts (sequences then
+        continue from ``start_sequence``)."""
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        self.scheduler_address = scheduler
+        self.batch_size = batch_size
+        self.channel_name = f"src/{producer_id or uuid.uuid4().hex}"
+        self.send_timeout_s = send_timeout_s
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel(scheduler))
+        self._table = scheduler_pb2.RoutingTable()
+        self._sequences: dict[tuple[str, int], int] = {}
+        self._partition_locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._round_robin = itertools.count()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Closes every channel."""
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = rpc.open_channel(address)
+        return channel
+
+    async def _call(self, what: str, call: Any, request: Any, deadline_s: float) -> Any:
+        try:
+            return await call(request, timeout=deadline_s)
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, what) from None
+
+    # -- jobs -------------------------------------------------------------
+
+    async def submit(self, job: JobSpec | str | Path) -> str:
+        """Submits a job (a JobSpec or the path of a job TOML file); returns its id.
+        Raises InvalidArgument when the job is malformed or an import path does
+        not resolve on the workers."""
+        spec = job if isinstance(job, JobSpec) else load_job_file(job)
+        response = await self._call(
+            "submitting job", self._scheduler.SubmitJob,
+            scheduler_pb2.SubmitJobRequest(spec=spec.to_proto()), rpc.CONTROL_TIMEOUT_S * 3,
+        )
+        return str(response.job_id)
+
+    async def job(self, job_id: str) -> common_pb2.JobInfo:
+        """A job's description and state; NotFound for an unknown id."""
+        info: common_pb2.JobInfo = await self._call(
+            f"job {job_id}", self._scheduler.GetJob,
+            scheduler_pb2.GetJobRequest(job_id=job_id), rpc.CONTROL_TIMEOUT_S,
+        )
+        return info
+
+    async def jobs(self) -> list[common_pb2.JobInfo]:
+        """Every job the scheduler knows."""
+        response = await self._call("listing jobs", self._scheduler.ListJobs,
+                                    scheduler_pb2.ListJobsRequest(), rpc.CONTROL_TIMEOUT_S)
+        return list(response.jobs)
+
+    async def cancel(self, job_id: str) -> common_pb2.JobInfo:
+        """Cancels a job and deletes its state."""
+        info: common_pb2.JobInfo = await self._call(
+            f"cancelling {job_id}", self._scheduler.CancelJob,
+            scheduler_pb2.CancelJobRequest(job_id=job_id), rpc.CONTROL_TIMEOUT_S * 3,
+        )
+        return info
+
+    async def progress(self, job_id: str) -> scheduler_pb2.JobProgress:
+        """Per-task counters and whether the job has drained."""
+        progress: scheduler_pb2.JobProgress = await self._call(
+            f"progress of {job_id}", self._scheduler.GetJobProgress,
+            scheduler_pb2.GetJobProgressRequest(job_id=job_id), rpc.CONTROL_TIMEOUT_S * 2,
+        )
+        return progress
+
+    async def status(self) -> scheduler_pb2.ClusterStatus:
+        """Members, ring shares and jobs."""
+        status: scheduler_pb2.ClusterStatus = await self._call(
+            "cluster status", self._scheduler.GetClusterStatus,
+            scheduler_pb2.GetClusterStatusRequest(), rpc.CONTROL_TIMEOUT_S,
+        )
+        return status
+
+    async def drain(self, job_id: str, timeout_s: float = 300.0,
+                    poll_s: float = 0.1) -> scheduler_pb2.JobProgress:
+        """Waits until every record accepted so far is processed and its results
+        are durable (two consecutive drained reports with the same counters)."""
+        deadline = time.monotonic() + timeout_s
+        previous: tuple[int, ...] | None = None
+        while True:
+            progress = await self.progress(job_id)
+            totals = tuple(
+                itertools.chain.from_iterable(
+                    (t.records_in, t.records_processed, t.records_out) for t in progress.tasks
+                )
+            )
+            if progress.drained and totals == previous:
+                return progress
+            previous = totals if progress.drained else None
+            if time.monotonic() > deadline:
+                raise DeadlineExceeded(
+                    f"job {job_id} did not drain within {timeout_s:.0f}s; "
+                    "see `gridstream status` for queue depths"
+                )
+            await asyncio.sleep(poll_s)
+
+    # -- data -------------------------------------------------------------
+
+    async def _routing(self, job_id: str, refresh: bool = False) -> scheduler_pb2.JobRouting:
+        if refresh or not any(j.job_id == job_id for j in self._table.jobs):
+            self._table = await self._call(
+                "fetching the routing table", self._scheduler.GetRoutingTable,
+                scheduler_pb2.GetRoutingTableRequest(), rpc.CONTROL_TIMEOUT_S,
+            )
+        for job in self._table.jobs:
+            if job.job_id == job_id:
+                if not job.owners:
+                    raise Unavailable(f"job {job_id} has no workers to run on; start workers")
+                return job
+        raise NotFound(f"unknown job id {job_id!r}; submit it first or list jobs with "
+                       "`gridstream status`")
+
+    async def send(
+        self,
+        job_id: str,
+        values: Iterable[Any],
+        keys: Sequence[Any] | None = None,
+    ) -> int:
+        """Sends records in batches; returns once every one is acknowledged
+        (appended to its partition's JobContainer). With ``keys``, records go to
+        the partition of their key; without, batches are spread over the
+        partitions in turn. Returns the number of records sent."""
+        routing = await self._routing(job_id)
+        partitions = routing.partitions
+        per_partition: dict[int, list[tuple[list[Any] | None, list[Any]]]] = {}
+        total = 0
+        if keys is not None:
+            values = list(values)
+            if len(keys) != len(values):
+                raise ValueError("keys and values differ in length")
+            grouped: dict[int, tuple[list[Any], list[Any]]] = {}
+            for k, v in zip(keys, values, strict=True):
+                bucket = grouped.setdefault(partition_for_key(k, partitions), ([], []))
+                bucket[0].append(k)
+                bucket[1].append(v)
+            for p, (bk, bv) in grouped.items():
+                for start in range(0, len(bv), self.batch_size):
+                    per_partition.setdefault(p, []).append(
+                        (bk[start:start + self.batch_size], bv[start:start + self.batch_size])
+                    )
+                total += len(bv)
+        else:
+            iterator = iter(values)
+            while chunk := list(itertools.islice(iterator, self.batch_size)):
+                p = next(self._round_robin) % partitions
+                per_partition.setdefault(p, []).append((None, chunk))
+                total += len(chunk)
+        await asyncio.gather(
+            *(self._send_partition(job_id, p, batches) for p, batches in per_partition.items())
+        )
+        return total
+
+    async def _send_partition(
+        self, job_id: str, partition: int, batches: list[tuple[list[Any] | None, list[Any]]]
+    ) -> None:
+        lock = self._partition_locks.setdefault((job_id, partition), asyncio.Lock())
+        async with lock:
+            for keys, values in batches:
+                seq_key = (job_id, partition)
+                sequence = self._sequences.get(seq_key, 0) + 1
+                segment = worker_pb2.Segment(
+                    task=0,
+                    partition=partition,
+                    channel=self.channel_name,
+                    sequence=sequence,
+                    batch=codec.encode_batch(values, keys),
+                )
+                await self._push(job_id, segment)
+                self._sequences[seq_key] = sequence
+
+    async def _push(self, job_id: str, segment: worker_pb2.Segment) -> None:
+        """Pushes one segment to its owner until acknowledged, following
+        re-routes and retrying transient failures with backoff."""
+        deadline = time.monotonic() + self.send_timeout_s
+        delay = 0.02
+        refresh = False
+        while True:
+            routing = await self._routing(job_id, refresh)
+            owner = routing.owners[segment.partition]
+            address = next((m.address for m in self._table.members if m.node_id == owner), None)
+            if address is None:
+                raise Unavailable(f"owner {owner} of partition {segment.partition} has no address")
+            stub = worker_pb2_grpc.WorkerStub(self._channel(address))
+            try:
+                await stub.Push(
+                    worker_pb2.PushRequest(job_id=job_id, epoch=self._table.epoch,
+                                           segments=[segment]),
+                    timeout=rpc.DATA_TIMEOUT_S,
+                )
+                return
+            except grpc.aio.AioRpcError as exc:
+                error = from_rpc_error(exc, f"sending to {owner}")
+                if not isinstance(error, StaleEpoch) and exc.code() not in _RETRYABLE:
+                    raise error from None
+                if time.monotonic() + delay > deadline:
+                    raise error from None
+                refresh = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    # -- results ----------------------------------------------------------
+
+    async def _state_servers(self) -> list[str]:
+        table: scheduler_pb2.RoutingTable = await self._call(
+            "fetching the routing table", self._scheduler.GetRoutingTable,
+            scheduler_pb2.GetRoutingTableRequest(), rpc.CONTROL_TIMEOUT_S,
+        )
+        self._table = table
+        return [m.address for m in table.members
+                if m.role == scheduler_pb2.MEMBER_ROLE_STATE_SERVER
+                and m.state != scheduler_pb2.MEMBER_STATE_DEAD]
+
+    async def results(self, job_id: str) -> dict[str, Any]:
+        """The job's sink table: {key: value}, read from the state servers."""
+        await self.job(job_id)  # NotFound for an unknown job
+        out: dict[str, Any] = {}
+        for address in await self._state_servers():
+            stub = stateserver_pb2_grpc.StateServerStub(self._channel(address))
+            try:
+                async for chunk in stub.ReadResults(
+                    stateserver_pb2.ReadResultsRequest(job_id=job_id), timeout=rpc.DATA_TIMEOUT_S
+                ):
+                    for key, value in codec.unpack(chunk.rows):
+                        out[key] = json.loads(value)
+            except grpc.aio.AioRpcError as exc:
+                raise from_rpc_error(exc, f"reading results from {address}") from None
+        return out
+
+    async def dead_letters(self, job_id: str) -> list[dict[str, str]]:
+        """Records an operator raised on: id, stage, record and error."""
+        await self.job(job_id)
+        out: list[dict[str, str]] = []
+        for address in await self._state_servers():
+            stub = stateserver_pb2_grpc.StateServerStub(self._channel(address))
+            try:
+                async for chunk in stub.ReadDeadLetters(
+                    stateserver_pb2.ReadDeadLettersRequest(job_id=job_id),
+                    timeout=rpc.DATA_TIMEOUT_S,
+                ):
+                    for entry_id, stage, record, error in codec.unpack(chunk.entries):
+                        out.append({"id": entry_id, "stage": stage, "record": record,
+                                    "error": error})
+            except grpc.aio.AioRpcError as exc:
+                raise from_rpc_error(exc, f"reading dead letters from {address}") from None
+        return sorted(out, key=lambda d: d["id"])
+
+
+__all__ = ["DEFAULT_BATCH_SIZE", "Client", "GridstreamError"]

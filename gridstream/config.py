@@ -1,0 +1,258 @@
+"""One typed configuration for every gridstream process, loaded from TOML.
+
+Every key has a documented default, so an empty file (or none) runs a local
+cluster on loopback. Environment variables override the file:
+``GRIDSTREAM_<SECTION>_<KEY>`` (e.g. ``GRIDSTREAM_CLUSTER_WINDOW_SIZE=5000``).
+A bad value fails at start with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+
+class ConfigError(ValueError):
+    """A configuration file or override names an unknown key or a bad value."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Settings every member must agree on."""
+
+    window_size: int = 10_000
+    """Records per window snapshot (the seed's W). Smaller windows mean less
+    replay after a failure and more snapshot writes."""
+
+    partitions: int = 12
+    """Default number of partitions of a job; fixed for the job's life."""
+
+    virtual_nodes: int = 100
+    """Positions of each worker on the partition ring; more positions give a
+    more even share at the cost of a larger ring."""
+
+    heartbeat_interval_s: float = 0.25
+    """How often members send heartbeats to the scheduler."""
+
+    phi_threshold: float = 8.0
+    """Phi-accrual suspicion level at which a member is declared dead."""
+
+    backup_count: int = 1
+    """Ring successors holding a copy of each JobContainer append."""
+
+    replica_count: int = 2
+    """State servers holding each window snapshot."""
+
+    tracker_count: int = 2
+    """Tracking units over which XOR tuple-tracking records are spread."""
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Where the scheduler listens and keeps its job registry."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind."""
+
+    port: int = 7400
+    """Port to bind; 0 picks a free one (printed and written to the ready file)."""
+
+    data_dir: str = ".gridstream/scheduler"
+    """Directory of the scheduler's SQLite job registry."""
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How a worker runs its JobContainers and JobOperators."""
+
+    node_id: str = "worker-1"
+    """Stable identity; a restarted worker uses the same id to get its share back."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind."""
+
+    port: int = 0
+    """Port to bind; 0 picks a free one."""
+
+    queue_max_records: int = 200_000
+    """Records a JobContainer holds before senders are made to wait (backpressure)."""
+
+    max_batch_bytes: int = 8 * 1024 * 1024
+    """Largest Push request accepted; bigger ones get RESOURCE_EXHAUSTED."""
+
+    output_batch_records: int = 5_000
+    """Records per batch a task sends downstream."""
+
+    push_timeout_s: float = 10.0
+    """Deadline of a Push to another worker, including waiting for queue space."""
+
+    max_record_attempts: int = 1
+    """Attempts at a record whose operator raises before it goes to the dead-letter table."""
+
+
+@dataclass(frozen=True)
+class StateServerConfig:
+    """Where a state server listens and stores snapshots and results."""
+
+    node_id: str = "state-1"
+    """Stable identity of this state server."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind."""
+
+    port: int = 0
+    """Port to bind; 0 picks a free one."""
+
+    data_dir: str = ".gridstream/state"
+    """Directory of the SQLite database (WAL mode)."""
+
+    keep_windows: int = 2
+    """Window snapshots kept per operator; older ones are deleted."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration of a gridstream process."""
+
+    scheduler_address: str = "127.0.0.1:7400"
+    """``host:port`` of the scheduler, for workers, state servers and clients."""
+
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Settings shared by the whole cluster."""
+
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """Scheduler settings."""
+
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    """Worker settings."""
+
+    stateserver: StateServerConfig = field(default_factory=StateServerConfig)
+    """State-server settings."""
+
+    log_json: bool = False
+    """Log one JSON object per line instead of plain text."""
+
+    def validate(self) -> Config:
+        """Checks value ranges, so a bad value fails at start and names its key."""
+        checks: list[tuple[str, bool, str]] = [
+            ("cluster.window_size", self.cluster.window_size >= 1, "must be >= 1"),
+            ("cluster.partitions", 1 <= self.cluster.partitions <= 4096, "must be 1..4096"),
+            ("cluster.virtual_nodes", self.cluster.virtual_nodes >= 1, "must be >= 1"),
+            ("cluster.heartbeat_interval_s", self.cluster.heartbeat_interval_s > 0, "must be > 0"),
+            ("cluster.phi_threshold", self.cluster.phi_threshold > 0, "must be > 0"),
+            ("cluster.backup_count", self.cluster.backup_count >= 0, "must be >= 0"),
+            ("cluster.replica_count", self.cluster.replica_count >= 1, "must be >= 1"),
+            ("worker.queue_max_records", self.worker.queue_max_records >= 1, "must be >= 1"),
+            ("worker.max_batch_bytes", self.worker.max_batch_bytes >= 1024, "must be >= 1024"),
+            ("worker.output_batch_records", self.worker.output_batch_records >= 1, "must be >= 1"),
+            ("worker.push_timeout_s", self.worker.push_timeout_s > 0, "must be > 0"),
+            ("worker.max_record_attempts", self.worker.max_record_attempts >= 1, "must be >= 1"),
+            ("stateserver.keep_windows", self.stateserver.keep_windows >= 1, "must be >= 1"),
+        ]
+        for key, ok, why in checks:
+            if not ok:
+                raise ConfigError(f"config key {key} {why}")
+        if ":" not in self.scheduler_address:
+            raise ConfigError("config key scheduler_address must be host:port")
+        return self
+
+
+_T = TypeVar("_T")
+
+
+def _coerce(key: str, raw: Any, kind: Any) -> Any:
+    """Converts a TOML or environment value to the field's type, or names the key."""
+    try:
+        if kind is bool:
+            if isinstance(raw, bool):
+                return raw
+            if isinstance(raw, str) and raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if isinstance(raw, str) and raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if kind is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError(raw)
+            return int(raw)
+        if kind is float:
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return float(raw)
+        if kind is str:
+            if not isinstance(raw, str | int | float):
+                raise ValueError(raw)
+            return str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"config key {key}: {raw!r} is not a valid {kind.__name__}") from None
+    raise ConfigError(f"config key {key}: unsupported type")
+
+
+def _build(cls: type[_T], prefix: str, table: Mapping[str, Any], env: Mapping[str, str]) -> _T:
+    """Builds one config dataclass from a TOML table plus environment overrides."""
+    hints = get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for name in table:
+        if name not in known:
+            where = f"{prefix}.{name}" if prefix else name
+            raise ConfigError(f"unknown config key {where}")
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        kind = hints[f.name]
+        if dataclasses.is_dataclass(kind):
+            sub = table.get(f.name, {})
+            if not isinstance(sub, Mapping):
+                raise ConfigError(f"config key {key} must be a table")
+            values[f.name] = _build(kind, f.name, sub, env)  # type: ignore[arg-type]
+            continue
+        env_name = "GRIDSTREAM_" + key.replace(".", "_").upper()
+        if env_name in env:
+            values[f.name] = _coerce(f"{key} (from ${env_name})", env[env_name], kind)
+        elif f.name in table:
+            values[f.name] = _coerce(key, table[f.name], kind)
+    return cls(**values)
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Loads the configuration: defaults, then the TOML file, then environment overrides."""
+    table: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                table = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    return _build(Config, "", table, os.environ if env is None else env).validate()
+
+
+def to_toml(config: Config) -> str:
+    """Renders a configuration as TOML, for ``gridstream config show`` and child processes."""
+    lines: list[str] = []
+    sections: list[tuple[str, Any]] = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            sections.append((f.name, value))
+        else:
+            lines.append(f"{f.name} = {_toml_value(value)}")
+    for name, value in sections:
+        lines.append(f"\n[{name}]")
+        for sub in dataclasses.fields(value):
+            lines.append(f"{sub.name} = {_toml_value(getattr(value, sub.name))}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value)

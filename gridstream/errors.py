@@ -1,0 +1,105 @@
+"""Typed errors shared by services and the SDK.
+
+A service raises one of these; the gRPC layer turns it into a status code
+with the message unchanged; the SDK turns the status back into the same type.
+Every message says what to fix.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+
+class GridstreamError(Exception):
+    """Base of every gridstream error; ``code`` is the gRPC status it travels as."""
+
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+
+
+class InvalidArgument(GridstreamError):
+    """The request is malformed (bad job spec, bad payload, bad import path)."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(GridstreamError):
+    """The request names a job, operator or member the cluster does not know."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class FailedPrecondition(GridstreamError):
+    """The request is valid but the cluster is not in a state to take it."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class StaleEpoch(FailedPrecondition):
+    """The sender routed with an old routing table; refresh it and retry."""
+
+    def __init__(self, message: str, epoch: int = 0) -> None:
+        super().__init__(message)
+        self.epoch = epoch
+
+
+class ResourceExhausted(GridstreamError):
+    """Too big, or too much at once: split the batch or retry later."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Unavailable(GridstreamError):
+    """A service cannot be reached; retrying later may succeed."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(GridstreamError):
+    """A call did not finish in time; its outcome is unknown (writes are idempotent)."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class PermissionDenied(GridstreamError):
+    """The caller lacks the right to make this call."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class Internal(GridstreamError):
+    """A bug in gridstream; the message says where to look."""
+
+    code = grpc.StatusCode.INTERNAL
+
+
+_BY_CODE: dict[grpc.StatusCode, type[GridstreamError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidArgument,
+        NotFound,
+        FailedPrecondition,
+        ResourceExhausted,
+        Unavailable,
+        DeadlineExceeded,
+        PermissionDenied,
+        Internal,
+    )
+}
+
+STALE_EPOCH_PREFIX = "stale epoch"
+
+
+def from_rpc_error(error: grpc.aio.AioRpcError, what: str = "") -> GridstreamError:
+    """The typed error for a failed call, keeping the server's message."""
+    code = error.code()
+    details = error.details() or code.name
+    message = f"{what}: {details}" if what else details
+    if code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith(STALE_EPOCH_PREFIX):
+        epoch = 0
+        for word in details.replace(";", " ").split():
+            if word.isdigit():
+                epoch = int(word)
+                break
+        return StaleEpoch(message, epoch)
+    cls = _BY_CODE.get(code, GridstreamError)
+    return cls(message)

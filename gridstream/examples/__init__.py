@@ -1,0 +1,1 @@
+"""The seeds' workloads, with deterministic generators and in-process references."""

@@ -1,0 +1,271 @@
+"""A local cluster of real processes: one scheduler, N workers, M state servers.
+
+Used by ``gridstream up``, ``gridstream demo`` and the tests. Each member is a
+separate Python process with its own log file; the cluster is ready when every
+member has written its ready file and answers SERVING on the standard gRPC
+health service. Processes are signalled only by the PIDs this object started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gridstream.config import Config, to_toml
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class MemberProcess:
+    """One started process and what it needs to be started again."""
+
+    name: str
+    role: str
+    argv: list[str]
+    log_path: Path
+    ready_file: Path
+    process: subprocess.Popen[bytes] | None = None
+    address: str = ""
+    restarts: int = 0
+    _log_handle: object | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        """PID of the running process (0 when not running)."""
+        return self.process.pid if self.process is not None else 0
+
+    def alive(self) -> bool:
+        """True while the process runs."""
+        return self.process is not None and self.process.poll() is None
+
+
+async def wait_healthy(address: str, timeout_s: float = 30.0, service: str = "") -> None:
+    """Waits until a gRPC server reports SERVING on the health service."""
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            try:
+                response = await stub.Check(
+                    health_pb2.HealthCheckRequest(service=service), timeout=1.0
+                )
+                if response.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                last = health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+            except grpc.aio.AioRpcError as exc:
+                last = exc.code().name
+            await asyncio.sleep(0.05)
+    raise TimeoutError(f"{address} not SERVING after {timeout_s:.0f}s (last: {last})")
+
+
+class LocalCluster:
+    """Starts, watches and stops the processes of a local cluster."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        config: Config | None = None,
+        workers: int = 3,
+        state_servers: int = 2,
+        scheduler_port: int = 0,
+        host: str = "127.0.0.1",
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir).resolve()
+        self.config = config or Config()
+        self.worker_count = workers
+        self.state_server_count = state_servers
+        self.scheduler_port = scheduler_port
+        self.host = host
+        self.extra_env = extra_env or {}
+        self.members: dict[str, MemberProcess] = {}
+        self.scheduler_address = ""
+        self.config_path = self.run_dir / "cluster.toml"
+
+    # -- process control ----------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in [str(REPO_ROOT), env.get("PYTHONPATH", "")] if p
+        )
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(self.extra_env)
+        return env
+
+    def _spawn(self, member: MemberProcess) -> None:
+        member.ready_file.unlink(missing_ok=True)
+        member.log_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(member.log_path, "ab")  # closed in _reap
+        member._log_handle = handle
+        member.process = subprocess.Popen(
+            member.argv, stdout=handle, stderr=subprocess.STDOUT, env=self._env(),
+            cwd=str(REPO_ROOT), start_new_session=True,
+        )
+        log.info("started %s (pid %d), log %s", member.name, member.process.pid, member.log_path)
+
+    async def _await_ready(self, member: MemberProcess, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not member.ready_file.exists():
+            if not member.alive():
+                raise RuntimeError(
+                    f"{member.name} exited with code "
+                    f"{member.process.returncode if member.process else '?'} before it was "
+                    f"ready; see {member.log_path}"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{member.name} not ready after {timeout_s:.0f}s; "
+                                   f"see {member.log_path}")
+            await asyncio.sleep(0.05)
+        member.address = json.loads(member.ready_file.read_text())["address"]
+        await wait_healthy(member.address, max(1.0, deadline - time.monotonic()))
+
+    def _member(self, name: str, role: str, argv: list[str]) -> MemberProcess:
+        member = MemberProcess(
+            name=name,
+            role=role,
+            argv=[sys.executable, "-m", f"services.{role}", "--config", str(self.config_path),
+                  *argv, "--ready-file", str(self.run_dir / "ready" / f"{name}.json")],
+            log_path=self.run_dir / "logs" / f"{name}.log",
+            ready_file=self.run_dir / "ready" / f"{name}.json",
+        )
+        self.members[name] = member
+        return member
+
+    async def start(self) -> LocalCluster:
+        """Starts every process and waits until all are healthy."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        scheduler = self._member(
+            "scheduler", "scheduler",
+            ["--host", self.host, "--port", str(self.scheduler_port),
+             "--data-dir", str(self.run_dir / "scheduler")],
+        )
+        self.config_path.write_text(to_toml(self.config))
+        self._spawn(scheduler)
+        await self._await_ready(scheduler)
+        self.scheduler_address = scheduler.address
+        self.config = replace(self.config, scheduler_address=self.scheduler_address)
+        self.config_path.write_text(to_toml(self.config))
+        others = []
+        for i in range(1, self.state_server_count + 1):
+            others.append(self._member(
+                f"state-{i}", "stateserver",
+                ["--node-id", f"state-{i}", "--host", self.host, "--port", "0",
+                 "--data-dir", str(self.run_dir / f"state-{i}"),
+                 "--scheduler", self.scheduler_address],
+            ))
+        for i in range(1, self.worker_count + 1):
+            others.append(self._member(
+                f"worker-{i}", "worker",
+                ["--node-id", f"worker-{i}", "--host", self.host, "--port", "0",
+                 "--scheduler", self.scheduler_address],
+            ))
+        for member in others:
+            self._spawn(member)
+        await asyncio.gather(*(self._await_ready(m) for m in others))
+        await self.wait_registered()
+        return self
+
+    async def wait_registered(self, timeout_s: float = 30.0) -> None:
+        """Waits until the scheduler lists every started worker and state server."""
+        from gridstream.client import Client  # local import: the SDK is optional here
+
+        wanted = {n for n, m in self.members.items() if m.role != "scheduler" and m.alive()}
+        deadline = time.monotonic() + timeout_s
+        async with Client(self.scheduler_address) as client:
+            while True:
+                status = await client.status()
+                alive = {m.member.node_id for m in status.members if m.member.state == 1}
+                if wanted <= alive:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"members not registered: {sorted(wanted - alive)}")
+                await asyncio.sleep(0.05)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> int:
+        """Sends a signal to one member, by the PID this cluster started."""
+        member = self.members[name]
+        if member.process is None:
+            raise RuntimeError(f"{name} is not running")
+        pid = member.process.pid
+        os.kill(pid, sig)
+        return pid
+
+    async def restart(self, name: str) -> None:
+        """Starts a member again (same identity, new process) and waits until healthy."""
+        member = self.members[name]
+        if member.alive():
+            raise RuntimeError(f"{name} is still running (pid {member.pid})")
+        self._reap(member)
+        member.restarts += 1
+        self._spawn(member)
+        await self._await_ready(member)
+
+    def _reap(self, member: MemberProcess) -> None:
+        if member.process is not None:
+            with contextlib.suppress(Exception):
+                member.process.wait(timeout=0)
+        if member._log_handle is not None:
+            with contextlib.suppress(Exception):
+                member._log_handle.close()  # type: ignore[attr-defined]
+            member._log_handle = None
+
+    async def stop(self, timeout_s: float = 15.0) -> dict[str, int | None]:
+        """SIGTERM to every member (workers first), then SIGKILL to stragglers.
+        Returns each member's exit code."""
+        order = sorted(self.members.values(),
+                       key=lambda m: {"worker": 0, "stateserver": 1, "scheduler": 2}[m.role])
+        codes: dict[str, int | None] = {}
+        for group in ("worker", "stateserver", "scheduler"):
+            members = [m for m in order if m.role == group and m.alive()]
+            for member in members:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(member.pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            for member in members:
+                assert member.process is not None
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(
+                        member.process.wait, max(0.0, deadline - time.monotonic())
+                    )
+                if member.process.poll() is None:
+                    log.warning("%s did not stop within %.0fs; killing", member.name, timeout_s)
+                    member.process.kill()
+                    member.process.wait()
+        for member in order:
+            codes[member.name] = member.process.returncode if member.process else None
+            self._reap(member)
+        return codes
+
+    async def __aenter__(self) -> LocalCluster:
+        try:
+            return await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def logs(self, name: str, tail: int = 40) -> str:
+        """The last lines of a member's log, for error messages."""
+        path = self.members[name].log_path
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-tail:])

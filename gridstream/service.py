@@ -1,0 +1,198 @@
+"""What every gridstream service process shares: the gRPC server with health
+checking and reflection, registration and heartbeats to the scheduler, logging,
+signal handling and the ready file that supervisors wait on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import grpc
+import uvloop
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from gridstream import rpc
+from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per line, for log shippers."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(name: str, json_logs: bool = False, level: int = logging.INFO) -> None:
+    """Configures the root logger of a service process."""
+    handler = logging.StreamHandler(sys.stderr)
+    if json_logs:
+        handler.setFormatter(JsonLogFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter(f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+
+
+class ServiceHost:
+    """A grpc.aio server with the standard health service and reflection.
+
+    Health is SERVING only between :meth:`start` and :meth:`stop`, so
+    supervisors and tests wait on it instead of sleeping.
+    """
+
+    def __init__(self, service_names: list[str]) -> None:
+        self.server = grpc.aio.server(options=rpc.SERVER_OPTIONS)
+        self._health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
+        self._service_names = service_names
+        reflection.enable_server_reflection(
+            [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
+        )
+        self.port = 0
+
+    async def start(self, host: str, port: int) -> int:
+        """Binds and starts; returns the bound port (useful with port 0)."""
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind {host}:{port}; is the port in use?")
+        await self.server.start()
+        for name in ["", *self._service_names]:
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return self.port
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Reports NOT_SERVING, then lets in-flight calls finish for up to ``grace_s``."""
+        for name in ["", *self._service_names]:
+            await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(grace_s)
+
+
+def write_ready_file(path: str | None, **fields: Any) -> None:
+    """Atomically writes the ready file (address, pid) a supervisor waits for."""
+    if not path:
+        return
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), **fields}))
+    tmp.replace(target)
+
+
+class MemberAgent:
+    """Registers a member with the scheduler and sends heartbeats.
+
+    Keeps going through scheduler restarts: a failed heartbeat is retried on
+    the next tick, and a scheduler that no longer knows the member (the
+    ``reregister`` flag) gets a fresh registration. ``on_epoch`` is called
+    whenever the scheduler reports a newer routing-table epoch.
+    """
+
+    def __init__(
+        self,
+        scheduler_address: str,
+        node_id: str,
+        role: int,
+        address: str,
+        on_epoch: Callable[[int], Coroutine[Any, Any, None]] | None = None,
+    ) -> None:
+        self.scheduler_address = scheduler_address
+        self.node_id = node_id
+        self.role = role
+        self.address = address
+        self.incarnation = uuid.uuid4().hex
+        self.epoch = 0
+        self.interval_s = 0.25
+        self._on_epoch = on_epoch
+        self._channel = rpc.open_channel(scheduler_address)
+        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
+        self.registered = asyncio.Event()
+
+    async def _register(self) -> None:
+        response = await self._stub.Register(
+            scheduler_pb2.RegisterRequest(
+                node_id=self.node_id,
+                role=self.role,  # type: ignore[arg-type]
+                address=self.address,
+                incarnation=self.incarnation,
+            ),
+            timeout=rpc.CONTROL_TIMEOUT_S,
+        )
+        self.interval_s = max(0.01, response.heartbeat_interval_ms / 1000)
+        self.registered.set()
+        log.info("registered with scheduler at %s, epoch %d", self.scheduler_address,
+                 response.epoch)
+        await self._observe_epoch(response.epoch)
+
+    async def _observe_epoch(self, epoch: int) -> None:
+        if epoch > self.epoch:
+            self.epoch = epoch
+            if self._on_epoch is not None:
+                await self._on_epoch(epoch)
+
+    async def run(self) -> None:
+        """Registers (retrying until the scheduler answers), then heartbeats forever."""
+        next_beat = time.monotonic()
+        while True:
+            try:
+                if not self.registered.is_set():
+                    await self._register()
+                else:
+                    response = await self._stub.Heartbeat(
+                        scheduler_pb2.HeartbeatRequest(
+                            node_id=self.node_id, incarnation=self.incarnation, epoch=self.epoch
+                        ),
+                        timeout=max(rpc.HEARTBEAT_TIMEOUT_S, self.interval_s * 2),
+                    )
+                    if response.reregister:
+                        log.warning("scheduler asked %s to register again", self.node_id)
+                        self.registered.clear()
+                        continue
+                    await self._observe_epoch(response.epoch)
+            except grpc.aio.AioRpcError as exc:
+                log.debug("heartbeat to scheduler failed: %s", exc.code().name)
+            next_beat += self.interval_s
+            await asyncio.sleep(max(0.0, next_beat - time.monotonic()))
+            next_beat = max(next_beat, time.monotonic() - self.interval_s)
+
+    async def close(self) -> None:
+        """Closes the channel to the scheduler."""
+        await self._channel.close()
+
+
+def run_service(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
+    """Runs a service's ``main(stop_event)`` on uvloop; SIGTERM and SIGINT set the
+    event so the service drains gracefully instead of dying mid-write."""
+
+    async def runner() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await main(stop)
+
+    with contextlib.suppress(KeyboardInterrupt):
+        uvloop.run(runner())

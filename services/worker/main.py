@@ -1,0 +1,99 @@
+"""Entry point of a worker process: ``python -m services.worker``."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import replace
+
+from gridstream.config import Config, load_config
+from gridstream.service import (
+    MemberAgent,
+    ServiceHost,
+    run_service,
+    setup_logging,
+    write_ready_file,
+)
+from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
+from services.worker.node import WorkerNode
+from services.worker.peers import Channels
+from services.worker.routing import RoutingView
+from services.worker.server import WorkerServicer
+
+log = logging.getLogger("gridstream.worker")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line flags; each overrides the config file and environment."""
+    parser = argparse.ArgumentParser(
+        prog="gridstream worker",
+        description="Run a worker: hosts JobContainers and JobOperators for the "
+        "partitions the scheduler's ring gives it.",
+    )
+    parser.add_argument("--config", help="TOML config file (defaults apply without one)")
+    parser.add_argument("--node-id", help="stable worker id, e.g. worker-1 (worker.node_id)")
+    parser.add_argument("--host", help="interface to bind (worker.host)")
+    parser.add_argument("--port", type=int, help="port to bind, 0 = any free port (worker.port)")
+    parser.add_argument("--scheduler", help="scheduler host:port (scheduler_address)")
+    parser.add_argument("--ready-file", help="write {address, pid} here once serving")
+    return parser.parse_args(argv)
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    """The config file plus flag overrides."""
+    config = load_config(args.config)
+    worker = config.worker
+    if args.node_id:
+        worker = replace(worker, node_id=args.node_id)
+    if args.host:
+        worker = replace(worker, host=args.host)
+    if args.port is not None:
+        worker = replace(worker, port=args.port)
+    config = replace(config, worker=worker)
+    if args.scheduler:
+        config = replace(config, scheduler_address=args.scheduler)
+    return config.validate()
+
+
+async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> None:
+    """Runs the worker until ``stop`` is set, then drains."""
+    node_id = config.worker.node_id
+    host = ServiceHost(["gridstream.v1.Worker"])
+    channels = Channels()
+    scheduler_channel = channels.get(config.scheduler_address)
+    routing = RoutingView(scheduler_pb2_grpc.SchedulerStub(scheduler_channel),
+                          config.cluster.virtual_nodes)
+    try:
+        async with asyncio.TaskGroup() as group:
+            node = WorkerNode(config, node_id, routing, channels, group)
+            worker_pb2_grpc.add_WorkerServicer_to_server(
+                WorkerServicer(node, config.worker.max_batch_bytes), host.server
+            )
+            port = await host.start(config.worker.host, config.worker.port)
+            address = f"{config.worker.host}:{port}"
+            agent = MemberAgent(config.scheduler_address, node_id,
+                                scheduler_pb2.MEMBER_ROLE_WORKER, address, node.on_epoch)
+            agent_task = group.create_task(agent.run(), name="heartbeats")
+            log.info("worker %s serving on %s (pid %d)", node_id, address, os.getpid())
+            write_ready_file(ready_file, address=address, node_id=node_id)
+            await stop.wait()
+            log.info("worker %s draining", node_id)
+            await host.stop(grace_s=5.0)
+            agent_task.cancel()
+            await node.close()
+            await agent.close()
+    finally:
+        with contextlib.suppress(Exception):
+            await channels.close()
+    log.info("worker %s stopped", node_id)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parses flags, loads config and runs the worker on uvloop."""
+    args = parse_args(argv)
+    config = build_config(args)
+    setup_logging(f"worker[{config.worker.node_id}]", config.log_json)
+    run_service(lambda stop: serve(config, args.ready_file, stop))

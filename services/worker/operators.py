@@ -1,0 +1,283 @@
+"""JobOperator: the user's logic of one task, run batch by batch.
+
+Every stage kind is a function over a whole batch (``keys``, ``values``);
+per-record user functions are wrapped so the loop runs in a list
+comprehension. A user function that raises on a record does not stop the
+partition: the batch is re-run record by record, the failing records go to the
+dead-letter table with the error, and the rest go on.
+
+Contract for operator authors (also in docs/operators.md): functions must be
+deterministic — the same input and state give the same output — because
+recovery replays records and relies on getting the same results and state.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gridstream.jobspec import Stage, resolve
+
+Keys = list[Any] | None
+Values = list[Any]
+DeadLetter = tuple[str, str, str, str]  # (id, stage, record, error)
+_IMMUTABLE = (str, int, float, bool, bytes, type(None), tuple)
+_VALID_KEY = (str, int, bytes)
+
+
+@dataclass
+class ChainResult:
+    """What one batch produced: records for the next task, rows for the sink,
+    dead letters."""
+
+    keys: Keys
+    values: Values
+    sink_rows: dict[Any, Any] = field(default_factory=dict)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:1000]
+
+
+def _record_text(key: Any, value: Any) -> str:
+    text = repr(value) if key is None else f"{key!r}: {value!r}"
+    return text[:1000]
+
+
+class _DeadLetters:
+    """Collects failed records of one batch with deterministic ids."""
+
+    def __init__(self, batch_id: str, out: list[DeadLetter]) -> None:
+        self.batch_id = batch_id
+        self.out = out
+
+    def add(self, stage: str, index: int, key: Any, value: Any, exc: BaseException) -> None:
+        self.out.append(
+            (f"{self.batch_id}:{stage}:{index}", stage, _record_text(key, value), _error_text(exc))
+        )
+
+
+StageFn = Callable[[Keys, Values, _DeadLetters], tuple[Keys, Values]]
+
+
+def _map(stage: Stage, fn: Callable[[Any], Any]) -> StageFn:
+    def run(keys: Keys, values: Values, dead: _DeadLetters) -> tuple[Keys, Values]:
+        try:
+            return keys, [fn(v) for v in values]
+        except Exception:
+            pass
+        out_k: list[Any] = []
+        out_v: list[Any] = []
+        for i, v in enumerate(values):
+            k = None if keys is None else keys[i]
+            try:
+                out_v.append(fn(v))
+            except Exception as exc:
+                dead.add(stage.name, i, k, v, exc)
+                continue
+            out_k.append(k)
+        return (None if keys is None else out_k), out_v
+
+    return run
+
+
+def _filter(stage: Stage, fn: Callable[[Any], Any]) -> StageFn:
+    def run(keys: Keys, values: Values, dead: _DeadLetters) -> tuple[Keys, Values]:
+        try:
+            mask = [bool(fn(v)) for v in values]
+        except Exception:
+            mask = []
+            for i, v in enumerate(values):
+                try:
+                    mask.append(bool(fn(v)))
+                except Exception as exc:
+                    dead.add(stage.name, i, None if keys is None else keys[i], v, exc)
+                    mask.append(False)
+        out_v = [v for v, keep in zip(values, mask, strict=True) if keep]
+        out_k = None if keys is None else [k for k, keep in zip(keys, mask, strict=True) if keep]
+        return out_k, out_v
+
+    return run
+
+
+def _flat_map(stage: Stage, fn: Callable[[Any], Iterable[Any]]) -> StageFn:
+    def run(keys: Keys, values: Values, dead: _DeadLetters) -> tuple[Keys, Values]:
+        out_v: list[Any] = []
+        out_k: list[Any] = []
+        extend = out_v.extend
+        if keys is None:
+            try:
+                for v in values:
+                    extend(fn(v))
+                return None, out_v
+            except Exception:
+                out_v.clear()
+        for i, v in enumerate(values):
+            k = None if keys is None else keys[i]
+            try:
+                produced = list(fn(v))
+            except Exception as exc:
+                dead.add(stage.name, i, k, v, exc)
+                continue
+            extend(produced)
+            if keys is not None:
+                out_k.extend([k] * len(produced))
+        return (None if keys is None else out_k), out_v
+
+    return run
+
+
+def _map_batch(stage: Stage, fn: Callable[[list[Any]], list[Any]]) -> StageFn:
+    def run(keys: Keys, values: Values, dead: _DeadLetters) -> tuple[Keys, Values]:
+        try:
+            out = list(fn(values))
+            if keys is None:
+                return None, out
+            if len(out) == len(values):
+                return keys, out
+            return None, out
+        except Exception:
+            pass
+        out_k: list[Any] = []
+        out_v: list[Any] = []
+        for i, v in enumerate(values):
+            k = None if keys is None else keys[i]
+            try:
+                produced = list(fn([v]))
+            except Exception as exc:
+                dead.add(stage.name, i, k, v, exc)
+                continue
+            out_v.extend(produced)
+            out_k.extend([k] * len(produced))
+        return (None if keys is None else out_k), out_v
+
+    return run
+
+
+def _fresh(initial: Any) -> Any:
+    return initial if isinstance(initial, _IMMUTABLE) else copy.deepcopy(initial)
+
+
+def _reduce(stage: Stage, fn: Callable[[Any, Any], Any], state: dict[Any, Any]) -> StageFn:
+    initial = stage.initial
+    mutable_initial = not isinstance(initial, _IMMUTABLE)
+
+    def run(keys: Keys, values: Values, dead: _DeadLetters) -> tuple[Keys, Values]:
+        if keys is None:
+            raise RuntimeError(f"stage {stage.name} is keyed but received records without keys")
+        out_k: list[Any] = []
+        out_v: list[Any] = []
+        get = state.get
+        for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+            acc = get(k)
+            if acc is None and k not in state:
+                acc = _fresh(initial) if mutable_initial else initial
+            try:
+                acc = fn(acc, v)
+            except Exception as exc:
+                dead.add(stage.name, i, k, v, exc)
+                continue
+            state[k] = acc
+            out_k.append(k)
+            out_v.append(acc)
+        return out_k, out_v
+
+    return run
+
+
+def _stateful(stage: Stage, fn: Callable[[Any, Any], Any], state: dict[Any, Any]) -> StageFn:
+    initial = stage.initial
+
+    def run(keys: Keys, values: Values, dead: _DeadLetters) -> tuple[Keys, Values]:
+        if keys is None:
+            raise RuntimeError(f"stage {stage.name} is keyed but received records without keys")
+        out_k: list[Any] = []
+        out_v: list[Any] = []
+        for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+            current = state[k] if k in state else _fresh(initial)
+            try:
+                new_state, outputs = fn(current, v)
+                outputs = list(outputs)
+            except Exception as exc:
+                dead.add(stage.name, i, k, v, exc)
+                continue
+            if new_state is None:
+                state.pop(k, None)
+            else:
+                state[k] = new_state
+            out_v.extend(outputs)
+            out_k.extend([k] * len(outputs))
+        return out_k, out_v
+
+    return run
+
+
+class OperatorChain:
+    """The stages of one task, chained, with the keyed state of this partition.
+
+    ``states`` holds one dict per keyed stage (key -> accumulator or state);
+    it is what window snapshots carry.
+    """
+
+    def __init__(self, stages: list[Stage], where: str) -> None:
+        self.stages = stages
+        self.states: dict[str, dict[Any, Any]] = {}
+        self._steps: list[StageFn] = []
+        self.has_sink = bool(stages) and stages[-1].kind == "sink"
+        for stage in stages:
+            if stage.kind == "sink":
+                continue
+            fn = resolve(stage.function, f"{where}, stage {stage.name}")
+            if stage.kind == "map":
+                self._steps.append(_map(stage, fn))
+            elif stage.kind == "filter":
+                self._steps.append(_filter(stage, fn))
+            elif stage.kind == "flat_map":
+                self._steps.append(_flat_map(stage, fn))
+            elif stage.kind == "map_batch":
+                self._steps.append(_map_batch(stage, fn))
+            elif stage.kind == "reduce":
+                self.states[stage.name] = {}
+                self._steps.append(_reduce(stage, fn, self.states[stage.name]))
+            elif stage.kind == "stateful":
+                self.states[stage.name] = {}
+                self._steps.append(_stateful(stage, fn, self.states[stage.name]))
+            else:  # pragma: no cover - validated by jobspec
+                raise ValueError(f"unknown stage kind {stage.kind}")
+
+    def process(self, keys: Keys, values: Values, batch_id: str) -> ChainResult:
+        """Runs one batch through every stage. ``batch_id`` (the entry's channel
+        and sequence) makes dead-letter and sink-row ids stable across replays."""
+        dead_list: list[DeadLetter] = []
+        dead = _DeadLetters(batch_id, dead_list)
+        for step in self._steps:
+            keys, values = step(keys, values, dead)
+        result = ChainResult(keys, values, dead_letters=dead_list)
+        if self.has_sink:
+            if keys is None:
+                result.sink_rows = {f"{batch_id}:{i}": v for i, v in enumerate(values)}
+            else:
+                result.sink_rows = dict(zip(keys, values, strict=True))
+            result.keys, result.values = None, []
+        return result
+
+    def snapshot_state(self) -> dict[str, list[list[Any]]]:
+        """A consistent copy of the keyed state (as [key, value] pairs, so keys of
+        any type survive msgpack). Values are shared, not copied: operators
+        replace accumulators rather than mutating them (see the contract)."""
+        return {name: [[k, v] for k, v in state.items()] for name, state in self.states.items()}
+
+    def restore_state(self, saved: dict[str, list[list[Any]]]) -> None:
+        """Replaces the keyed state with a snapshot's."""
+        for name, state in self.states.items():
+            state.clear()
+            for k, v in saved.get(name, []):
+                state[k] = v
+
+
+def check_key(key: Any) -> bool:
+    """True when a key function's result can key a record (str, int or bytes)."""
+    return isinstance(key, _VALID_KEY) and not isinstance(key, bool)

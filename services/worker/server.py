@@ -1,0 +1,92 @@
+"""The worker's gRPC face: converts messages and maps errors; the work is in
+WorkerNode."""
+
+from __future__ import annotations
+
+import grpc
+
+from gridstream import codec
+from gridstream.errors import InvalidArgument, ResourceExhausted
+from gridstream.rpc import servicer_method
+from gridstream.v1 import worker_pb2, worker_pb2_grpc
+from services.worker.node import WorkerNode
+
+_MARGIN_S = 0.2
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    """Push, deploy, stop and progress calls of one worker."""
+
+    def __init__(self, node: WorkerNode, max_batch_bytes: int) -> None:
+        self.node = node
+        self.max_batch_bytes = max_batch_bytes
+
+    @servicer_method
+    async def Push(
+        self, request: worker_pb2.PushRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.PushResponse:
+        if not request.job_id:
+            raise InvalidArgument("job_id is empty; name the job the batch is for")
+        size = request.ByteSize()
+        if size > self.max_batch_bytes:
+            raise ResourceExhausted(
+                f"push of {size} bytes exceeds worker.max_batch_bytes={self.max_batch_bytes}; "
+                "send smaller batches (the SDK's batch_size)"
+            )
+        decoded = []
+        for i, segment in enumerate(request.segments):
+            if not segment.channel or segment.sequence == 0:
+                raise InvalidArgument(
+                    f"segment {i}: channel must be set and sequence start at 1"
+                )
+            try:
+                keys, values = codec.decode_batch(segment.batch)
+            except codec.PayloadError as exc:
+                raise InvalidArgument(f"segment {i}: {exc}; nothing was appended") from None
+            runner = await self.node.runner_for(
+                request.job_id, segment.task, segment.partition, request.epoch
+            )
+            decoded.append((runner, segment, keys, values))
+        outcomes = []
+        remaining = context.time_remaining()
+        for runner, segment, keys, values in decoded:
+            wait = None if remaining is None else max(0.0, remaining - _MARGIN_S)
+            try:
+                accepted = await runner.container.append(
+                    segment.channel, segment.sequence, keys, values, wait
+                )
+            except TimeoutError:
+                raise ResourceExhausted(
+                    f"container {runner.container.container_id} is full "
+                    f"({runner.container.pending_records} records waiting); retry later"
+                ) from None
+            outcomes.append(
+                worker_pb2.SEGMENT_OUTCOME_ACCEPTED
+                if accepted
+                else worker_pb2.SEGMENT_OUTCOME_DUPLICATE
+            )
+        return worker_pb2.PushResponse(outcomes=outcomes, epoch=self.node.routing.epoch)
+
+    @servicer_method
+    async def DeployJob(
+        self, request: worker_pb2.DeployJobRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.DeployJobResponse:
+        if not request.job_id:
+            raise InvalidArgument("job_id is empty")
+        self.node.deploy(request.job_id, request.spec)
+        return worker_pb2.DeployJobResponse()
+
+    @servicer_method
+    async def StopJob(
+        self, request: worker_pb2.StopJobRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.StopJobResponse:
+        await self.node.stop_job(request.job_id)
+        return worker_pb2.StopJobResponse()
+
+    @servicer_method
+    async def GetTaskProgress(
+        self, request: worker_pb2.GetTaskProgressRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.GetTaskProgressResponse:
+        return worker_pb2.GetTaskProgressResponse(
+            tasks=self.node.progress(request.job_id), epoch=self.node.routing.epoch
+        )

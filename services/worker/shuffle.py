@@ -1,0 +1,110 @@
+"""The keyed shuffle between tasks: key each output record, group by the
+partition that owns the key, and deliver each group as one batch.
+
+Sequences are per (this task's partition -> destination partition) channel
+and advance deterministically with the input, so a replay after recovery
+regenerates the same (channel, sequence) for the same records and the
+destination drops what it already has.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import xxhash
+
+from gridstream.ids import key_text
+from services.worker.operators import DeadLetter, check_key
+from services.worker.peers import OutSegment, PeerRouter
+
+_CACHE_LIMIT = 200_000
+
+
+class Shuffle:
+    """Routes one task's output to the next task's partitions."""
+
+    def __init__(
+        self,
+        job_id: str,
+        dest_task: int,
+        dest_stage: str,
+        partitions: int,
+        key_fn: Callable[[Any], Any],
+        channel: str,
+        router: PeerRouter,
+        batch_records: int,
+    ) -> None:
+        self.job_id = job_id
+        self.dest_task = dest_task
+        self.dest_stage = dest_stage
+        self.partitions = partitions
+        self.key_fn = key_fn
+        self.channel = channel
+        self.router = router
+        self.batch_records = batch_records
+        self.sequences: dict[int, int] = {}
+        self._partition_of: dict[Any, int] = {}
+
+    def _keys(
+        self, values: list[Any], batch_id: str, dead: list[DeadLetter]
+    ) -> tuple[list[Any], list[Any]]:
+        key_fn = self.key_fn
+        try:
+            keys = [key_fn(v) for v in values]
+            if all(type(k) is str for k in keys) or all(check_key(k) for k in keys):
+                return keys, values
+        except Exception:
+            pass
+        out_k: list[Any] = []
+        out_v: list[Any] = []
+        for i, v in enumerate(values):
+            try:
+                k = key_fn(v)
+                if not check_key(k):
+                    raise TypeError(f"key function returned {type(k).__name__}; "
+                                    "keys must be str, int or bytes")
+            except Exception as exc:
+                dead.append((f"{batch_id}:{self.dest_stage}.key:{i}", self.dest_stage,
+                             repr(v)[:1000], f"{type(exc).__name__}: {exc}"[:1000]))
+                continue
+            out_k.append(k)
+            out_v.append(v)
+        return out_k, out_v
+
+    def split(
+        self, values: list[Any], batch_id: str, dead: list[DeadLetter]
+    ) -> list[OutSegment]:
+        """Keys the records and groups them into segments, one sequence each."""
+        keys, values = self._keys(values, batch_id, dead)
+        buckets: dict[int, tuple[list[Any], list[Any]]] = {}
+        partition_of = self._partition_of
+        if len(partition_of) > _CACHE_LIMIT:
+            partition_of.clear()
+        parts = self.partitions
+        digest = xxhash.xxh64_intdigest
+        for k, v in zip(keys, values, strict=True):
+            p = partition_of.get(k)
+            if p is None:
+                text = k if type(k) is str else key_text(k)
+                p = partition_of[k] = digest(text.encode()) % parts
+            bucket = buckets.get(p)
+            if bucket is None:
+                bucket = buckets[p] = ([], [])
+            bucket[0].append(k)
+            bucket[1].append(v)
+        segments: list[OutSegment] = []
+        size = self.batch_records
+        for p in sorted(buckets):
+            bk, bv = buckets[p]
+            for start in range(0, len(bv), size):
+                seq = self.sequences.get(p, 0) + 1
+                self.sequences[p] = seq
+                segments.append(OutSegment(self.dest_task, p, self.channel, seq,
+                                           bk[start:start + size], bv[start:start + size]))
+        return segments
+
+    async def deliver(self, segments: list[OutSegment]) -> None:
+        """Returns once every segment is acknowledged by its owner."""
+        if segments:
+            await self.router.deliver(self.job_id, segments)
