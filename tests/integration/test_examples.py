@@ -1,0 +1,55 @@
+"""Both seeds' workloads on a real local cluster, compared record for record
+with the in-process reference."""
+
+from __future__ import annotations
+
+import pytest
+
+from gridstream.client import Client
+from gridstream.demo import compare
+from gridstream.examples import taxi, wordcount
+from gridstream.local import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+
+async def test_taxi_matches_the_reference(client: Client) -> None:
+    records = list(taxi.generate(30_000, devices=1_000, seed=7))
+    job_id = await client.submit(taxi.job())
+    assert await client.send(job_id, records) == len(records)
+    progress = await client.drain(job_id)
+    results = await client.results(job_id)
+    expected = taxi.reference(records)
+    assert compare(results, expected) == (0, 0, 0)
+    assert results == expected
+    # Every input record went through both tasks exactly once.
+    by_task: dict[int, int] = {}
+    for t in progress.tasks:
+        by_task[t.task] = by_task.get(t.task, 0) + t.records_processed
+    assert by_task == {0: len(records), 1: len(records)}
+    # Windows of 2,000 records were persisted asynchronously along the way.
+    assert sum(t.windows_persisted for t in progress.tasks) >= len(records) // 2_000 // 2
+
+
+async def test_wordcount_matches_the_reference(client: Client) -> None:
+    lines = wordcount.generate(50_000, seed=3)
+    job_id = await client.submit(wordcount.job())
+    await client.send(job_id, lines)
+    await client.drain(job_id)
+    results = await client.results(job_id)
+    assert results == wordcount.reference(lines)
+    assert sum(results.values()) == 50_000
+
+
+async def test_keyed_sends_route_by_key(client: Client) -> None:
+    job_id = await client.submit(wordcount.job())
+    lines = ["a b c", "a b", "a"]
+    await client.send(job_id, lines, keys=["k1", "k2", "k3"])
+    await client.drain(job_id)
+    assert await client.results(job_id) == {"a": 3, "b": 2, "c": 1}
+
+
+async def test_every_member_is_a_separate_process(cluster: LocalCluster) -> None:
+    pids = {m.pid for m in cluster.members.values()}
+    assert len(pids) == 6
+    assert all(m.alive() for m in cluster.members.values())

@@ -1,0 +1,113 @@
+"""Operator chains: every stage kind, dead letters, state snapshots."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gridstream.jobspec import Stage
+from services.worker.operators import OperatorChain
+
+
+def explode_on_three(value: int) -> int:
+    if value == 3:
+        raise ValueError("three is not allowed")
+    return value * 10
+
+
+def is_even(value: int) -> bool:
+    return value % 2 == 0
+
+
+def repeat(value: int) -> list[int]:
+    return [value] * value
+
+
+def double_batch(values: list[int]) -> list[int]:
+    if 3 in values:
+        raise RuntimeError("bad batch")
+    return [v * 2 for v in values]
+
+
+def running_max(state: int, value: int) -> tuple[int, list[Any]]:
+    new = max(state, value)
+    return new, ([new] if new != state else [])
+
+
+HERE = "tests.unit.test_operators"
+
+
+def chain(*stages: Stage) -> OperatorChain:
+    return OperatorChain([*stages, Stage("sink", "sink")], "test")
+
+
+def test_map_isolates_a_failing_record_into_dead_letters() -> None:
+    c = chain(Stage("m", "map", f"{HERE}:explode_on_three"))
+    result = c.process(None, [1, 2, 3, 4], "src/a#1")
+    assert sorted(result.sink_rows.values()) == [10, 20, 40]
+    assert len(result.dead_letters) == 1
+    dead_id, stage, record, error = result.dead_letters[0]
+    assert (dead_id, stage, record) == ("src/a#1:m:2", "m", "3")
+    assert error == "ValueError: three is not allowed"
+
+
+def test_filter_flat_map_and_map_batch() -> None:
+    c = chain(Stage("f", "filter", f"{HERE}:is_even"), Stage("fm", "flat_map", f"{HERE}:repeat"),
+              Stage("mb", "map_batch", f"{HERE}:double_batch"))
+    result = c.process(None, [1, 2, 4], "b#1")
+    assert sorted(result.sink_rows.values()) == [4, 4, 8, 8, 8, 8]
+
+
+def test_map_batch_falls_back_to_single_records() -> None:
+    c = chain(Stage("mb", "map_batch", f"{HERE}:double_batch"))
+    result = c.process(None, [1, 3, 5], "b#1")
+    assert sorted(result.sink_rows.values()) == [2, 10]
+    assert [d[1] for d in result.dead_letters] == ["mb"]
+
+
+def test_reduce_keeps_state_per_key_and_the_sink_keeps_the_latest() -> None:
+    c = OperatorChain([Stage("count", "reduce", "gridstream.builtins:count",
+                             key="gridstream.builtins:identity", initial=0),
+                       Stage("sink", "sink")], "test")
+    result = c.process(["a", "b", "a"], ["a", "b", "a"], "b#1")
+    assert result.sink_rows == {"a": 2, "b": 1}
+    result = c.process(["a"], ["a"], "b#2")
+    assert result.sink_rows == {"a": 3}
+    assert c.states["count"] == {"a": 3, "b": 1}
+
+
+def test_stateful_emits_outputs_with_the_key() -> None:
+    c = OperatorChain([Stage("mx", "stateful", f"{HERE}:running_max", key="m:k", initial=0),
+                       Stage("sink", "sink")], "test")
+    result = c.process(["x", "x", "x"], [5, 3, 7], "b#1")
+    assert result.sink_rows == {"x": 7}
+    assert c.states["mx"] == {"x": 7}
+
+
+def test_snapshot_and_restore_round_trip() -> None:
+    c = OperatorChain([Stage("count", "reduce", "gridstream.builtins:count", key="m:k",
+                             initial=0), Stage("sink", "sink")], "test")
+    c.process(["a", "b", 7], ["a", "b", 7], "b#1")
+    saved = c.snapshot_state()
+    c.process(["a"], ["a"], "b#2")
+    c.restore_state(saved)
+    assert c.states["count"] == {"a": 1, "b": 1, 7: 1}
+
+
+def test_mutable_initial_values_are_not_shared_between_keys() -> None:
+    c = OperatorChain([Stage("collect", "reduce", f"{HERE}:append_item", key="m:k", initial=[]),
+                       Stage("sink", "sink")], "test")
+    c.process(["a", "b"], [1, 2], "b#1")
+    assert c.states["collect"] == {"a": [1], "b": [2]}
+
+
+def append_item(acc: list[int], value: int) -> list[int]:
+    return [*acc, value]
+
+
+def test_keyed_stage_without_keys_is_a_bug_not_silence() -> None:
+    c = OperatorChain([Stage("count", "reduce", "gridstream.builtins:count", key="m:k",
+                             initial=0), Stage("sink", "sink")], "test")
+    with pytest.raises(RuntimeError, match="received records without keys"):
+        c.process(None, ["a"], "b#1")
