@@ -66,6 +66,12 @@ class PermissionDenied(GridstreamError):
     code = grpc.StatusCode.PERMISSION_DENIED
 
 
+class DataLoss(GridstreamError):
+    """Stored data failed its checksum; the copy is not served."""
+
+    code = grpc.StatusCode.DATA_LOSS
+
+
 class Internal(GridstreamError):
     """A bug in gridstream; the message says where to look."""
 
@@ -82,6 +88,7 @@ _BY_CODE: dict[grpc.StatusCode, type[GridstreamError]] = {
         Unavailable,
         DeadlineExceeded,
         PermissionDenied,
+        DataLoss,
         Internal,
     )
 }

@@ -1,0 +1,83 @@
+"""The msgpack wire form of result rows and dead letters, checked strictly.
+
+WriteResults carries rows as one msgpack array instead of one protobuf message
+per row (one C call instead of thousands of objects). Because the blob is
+opaque to protobuf, this module is where a malformed blob is caught, with a
+message saying which entry is wrong and how, before anything is stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gridstream.codec import pack, unpack
+from gridstream.errors import InvalidArgument
+from services.stateserver.store import DeadLetter, ResultRow
+
+_ROW_FIELDS = ("key", "json_value")
+_DEAD_LETTER_FIELDS = ("dead_letter_id", "stage", "record", "error")
+
+
+def _decode_entries(
+    data: bytes, count: int, fields: tuple[str, ...], what: str, count_field: str
+) -> list[tuple[str, ...]]:
+    """Decodes a msgpack array of fixed-size arrays of strings, or says what is wrong."""
+    if not data:
+        if count:
+            raise InvalidArgument(f"{count_field} is {count} but {what} is empty; "
+                                  f"send {count} entries or set {count_field} to 0")
+        return []
+    try:
+        decoded = unpack(data)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise InvalidArgument(f"{what} is not valid msgpack ({type(exc).__name__}); encode "
+                              f"it with gridstream.codec.pack; nothing stored") from None
+    shape = "[" + ", ".join(f"{name}: str" for name in fields) + "]"
+    if not isinstance(decoded, list):
+        raise InvalidArgument(f"{what} must be a msgpack array of {shape} entries, got "
+                              f"{type(decoded).__name__}; nothing stored")
+    if len(decoded) != count:
+        raise InvalidArgument(f"{count_field} is {count} but {what} holds {len(decoded)} "
+                              f"entries; set {count_field} to the number sent; nothing stored")
+    entries: list[tuple[str, ...]] = []
+    for index, entry in enumerate(decoded):
+        if (
+            not isinstance(entry, list)
+            or len(entry) != len(fields)
+            or not all(isinstance(part, str) for part in entry)
+        ):
+            raise InvalidArgument(f"{what}[{index}] must be {shape}, got {_describe(entry)}; "
+                                  "nothing stored")
+        entries.append(tuple(entry))
+    return entries
+
+
+def _describe(entry: Any) -> str:
+    """A short type description of a bad entry, e.g. ``[int, str]``."""
+    if isinstance(entry, list):
+        return "[" + ", ".join(type(part).__name__ for part in entry) + "]"
+    return type(entry).__name__
+
+
+def decode_rows(data: bytes, count: int) -> list[ResultRow]:
+    """Result rows from WriteResults: a msgpack array of [key, json_value] string pairs."""
+    return [
+        (key, value)
+        for key, value in _decode_entries(data, count, _ROW_FIELDS, "rows", "row_count")
+    ]
+
+
+def decode_dead_letters(data: bytes, count: int) -> list[DeadLetter]:
+    """Dead letters from WriteResults: a msgpack array of [id, stage, record, error]."""
+    return [
+        (dl_id, stage, record, error)
+        for dl_id, stage, record, error in _decode_entries(
+            data, count, _DEAD_LETTER_FIELDS, "dead_letters", "dead_letter_count"
+        )
+    ]
+
+
+def encode_entries(entries: Sequence[ResultRow] | Sequence[DeadLetter]) -> bytes:
+    """The msgpack array of a chunk of rows or dead letters, as ReadResults sends it."""
+    return pack(list(entries))  # msgpack writes tuples as arrays

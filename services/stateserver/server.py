@@ -1,0 +1,171 @@
+"""The StateServer gRPC servicer: checks requests, converts messages, calls the store.
+
+Kept thin on purpose: storage rules live in :mod:`services.stateserver.store`
+and the row wire format in :mod:`services.stateserver.rows`, both testable
+without a server. Every refusal names what to fix, and a refused request
+stores nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from gridstream.errors import InvalidArgument, ResourceExhausted
+from gridstream.rpc import servicer_method
+from gridstream.v1 import stateserver_pb2 as pb
+from gridstream.v1 import stateserver_pb2_grpc
+from services.stateserver.rows import decode_dead_letters, decode_rows, encode_entries
+from services.stateserver.store import DEFAULT_CHUNK_ROWS, SnapshotMeta, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+MAX_SNAPSHOT_BYTES = 48 * 1024 * 1024
+"""Largest snapshot payload accepted; below gRPC's 64 MiB message limit so the
+caller gets RESOURCE_EXHAUSTED with advice instead of a transport error."""
+
+_MAX_SQLITE_INT = 2**63 - 1
+
+
+def _require(value: str, name: str) -> None:
+    """Refuses an empty identifier with a message naming the field."""
+    if not value:
+        raise InvalidArgument(f"{name} is empty; set it (nothing was done)")
+
+
+def _require_int(value: int, name: str) -> None:
+    """Refuses numbers SQLite's signed 64-bit integers cannot hold."""
+    if value > _MAX_SQLITE_INT:
+        raise InvalidArgument(f"{name} is {value}, above 2**63-1; use a smaller number")
+
+
+def _meta_to_pb(meta: SnapshotMeta) -> pb.SnapshotMeta:
+    return pb.SnapshotMeta(
+        job_id=meta.job_id, operator_id=meta.operator_id, window=meta.window,
+        epoch=meta.epoch, size=meta.size, checksum=meta.checksum,
+    )
+
+
+class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
+    """Serves stateserver.proto over a :class:`SnapshotStore`.
+
+    ``max_snapshot_bytes`` bounds a PutSnapshot payload and ``chunk_rows`` the
+    rows of one ReadResults / ReadDeadLetters message.
+    """
+
+    def __init__(
+        self,
+        store: SnapshotStore,
+        max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    ) -> None:
+        self._store = store
+        self._max_snapshot_bytes = max_snapshot_bytes
+        self._chunk_rows = chunk_rows
+
+    @servicer_method
+    async def PutSnapshot(
+        self, request: pb.PutSnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PutSnapshotResponse:
+        """Stores a window snapshot after checking ids, size and checksum."""
+        meta = request.meta
+        _require(meta.job_id, "meta.job_id")
+        _require(meta.operator_id, "meta.operator_id")
+        _require_int(meta.window, "meta.window")
+        _require_int(meta.epoch, "meta.epoch")
+        if len(request.payload) > self._max_snapshot_bytes:
+            raise ResourceExhausted(
+                f"snapshot {meta.operator_id} window {meta.window} is {len(request.payload)} "
+                f"bytes, above the limit of {self._max_snapshot_bytes}; snapshot smaller state "
+                "(or a delta) per window; nothing stored"
+            )
+        created = await self._store.put_snapshot(
+            SnapshotMeta(
+                job_id=meta.job_id, operator_id=meta.operator_id, window=meta.window,
+                epoch=meta.epoch, size=meta.size, checksum=meta.checksum,
+            ),
+            request.payload,
+        )
+        return pb.PutSnapshotResponse(created=created)
+
+    @servicer_method
+    async def GetLatestSnapshot(
+        self, request: pb.GetLatestSnapshotRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetLatestSnapshotResponse:
+        """The operator's newest snapshot, or found=false."""
+        _require(request.job_id, "job_id")
+        _require(request.operator_id, "operator_id")
+        snapshot = await self._store.get_latest_snapshot(request.job_id, request.operator_id)
+        if snapshot is None:
+            return pb.GetLatestSnapshotResponse(found=False)
+        return pb.GetLatestSnapshotResponse(
+            found=True, meta=_meta_to_pb(snapshot.meta), payload=snapshot.payload
+        )
+
+    @servicer_method
+    async def ListSnapshots(
+        self, request: pb.ListSnapshotsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListSnapshotsResponse:
+        """Metadata of a job's snapshots, of one operator or all."""
+        _require(request.job_id, "job_id")
+        metas = await self._store.list_snapshots(request.job_id, request.operator_id)
+        return pb.ListSnapshotsResponse(snapshots=[_meta_to_pb(meta) for meta in metas])
+
+    @servicer_method
+    async def DeleteSnapshots(
+        self, request: pb.DeleteSnapshotsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteSnapshotsResponse:
+        """Deletes a job's snapshots, optionally of one operator and below a window."""
+        _require(request.job_id, "job_id")
+        _require_int(request.below_window, "below_window")
+        deleted = await self._store.delete_snapshots(
+            request.job_id, request.operator_id, request.below_window
+        )
+        return pb.DeleteSnapshotsResponse(deleted=deleted)
+
+    @servicer_method
+    async def WriteResults(
+        self, request: pb.WriteResultsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WriteResultsResponse:
+        """Upserts result rows and dead letters; durable when the response is sent."""
+        _require(request.job_id, "job_id")
+        _require(request.operator_id, "operator_id")
+        rows = decode_rows(request.rows, request.row_count)
+        dead_letters = decode_dead_letters(request.dead_letters, request.dead_letter_count)
+        await self._store.write_results(request.job_id, rows, dead_letters)
+        return pb.WriteResultsResponse()
+
+    # The two streaming calls write with context.write instead of being async
+    # generators, because servicer_method wraps coroutines only.
+
+    @servicer_method
+    async def ReadResults(  # type: ignore[override]
+        self, request: pb.ReadResultsRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        """Streams a job's result rows; an unknown job streams nothing."""
+        _require(request.job_id, "job_id")
+        async for chunk in self._store.read_results(request.job_id, self._chunk_rows):
+            await context.write(pb.ReadResultsChunk(rows=encode_entries(chunk),
+                                                    row_count=len(chunk)))
+
+    @servicer_method
+    async def ReadDeadLetters(  # type: ignore[override]
+        self, request: pb.ReadDeadLettersRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        """Streams a job's dead letters; an unknown job streams nothing."""
+        _require(request.job_id, "job_id")
+        async for chunk in self._store.read_dead_letters(request.job_id, self._chunk_rows):
+            await context.write(pb.ReadDeadLettersChunk(entries=encode_entries(chunk),
+                                                        count=len(chunk)))
+
+    @servicer_method
+    async def DeleteJob(
+        self, request: pb.DeleteJobRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteJobResponse:
+        """Deletes every result, dead letter and snapshot of a job."""
+        _require(request.job_id, "job_id")
+        await self._store.delete_job(request.job_id)
+        log.info("deleted all data of job %s", request.job_id)
+        return pb.DeleteJobResponse()
+

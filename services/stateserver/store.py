@@ -1,0 +1,453 @@
+"""SnapshotStore: the state server's durable storage, one SQLite file in WAL mode.
+
+It holds three things a job needs to survive failures: window snapshots of
+operators (state and offsets), result rows (the SQLite sink) and dead letters.
+Writes go through a :class:`~services.stateserver.groupcommit.GroupCommitter`
+on the write connection; reads use a second connection, so a reader sees only
+committed (acknowledged) data and a long read never holds up writes.
+
+Every write is idempotent, because a caller that timed out does not know the
+outcome and retries: a snapshot is keyed by (job, operator, window) and the
+first copy wins; result rows and dead letters are upserts by key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import aiosqlite
+
+from gridstream.errors import DataLoss, InvalidArgument, Unavailable
+from gridstream.ids import checksum
+from services.stateserver.groupcommit import GroupCommitter
+
+log = logging.getLogger(__name__)
+
+ResultRow = tuple[str, str]
+"""(key, JSON text of the value)."""
+
+DeadLetter = tuple[str, str, str, str]
+"""(dead-letter id, stage, record text, error text)."""
+
+DEFAULT_CHUNK_ROWS = 5_000
+"""Rows per chunk of :meth:`SnapshotStore.read_results`; also the most a
+ReadResults message carries."""
+
+DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+"""Soft byte limit of a chunk, so a chunk of large rows stays far below gRPC's
+message limit."""
+
+BUSY_TIMEOUT_MS = 5_000
+"""How long a connection waits for a lock held by the other one."""
+
+_THREAD_CHECKSUM_BYTES = 256 * 1024
+"""Payloads at least this big are hashed in a thread (hashlib releases the GIL),
+so a 48 MiB snapshot does not stall the event loop for ~50 ms."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS snapshots (
+    job_id      TEXT    NOT NULL,
+    operator_id TEXT    NOT NULL,
+    "window"    INTEGER NOT NULL,
+    epoch       INTEGER NOT NULL,
+    size        INTEGER NOT NULL,
+    checksum    TEXT    NOT NULL,
+    payload     BLOB    NOT NULL,
+    PRIMARY KEY (job_id, operator_id, "window")
+);
+CREATE TABLE IF NOT EXISTS results (
+    job_id TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    value  TEXT NOT NULL,
+    PRIMARY KEY (job_id, key)
+);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    job_id TEXT NOT NULL,
+    id     TEXT NOT NULL,
+    stage  TEXT NOT NULL,
+    record TEXT NOT NULL,
+    error  TEXT NOT NULL,
+    PRIMARY KEY (job_id, id)
+);
+"""
+
+_META_COLUMNS = 'job_id, operator_id, "window", epoch, size, checksum'
+
+
+class SnapshotCorrupted(DataLoss):
+    """A stored snapshot no longer matches its checksum; it is never handed out."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMeta:
+    """What identifies and guards one window snapshot (mirrors the proto message)."""
+
+    job_id: str
+    operator_id: str
+    window: int
+    epoch: int
+    size: int
+    checksum: str
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A window snapshot whose payload matched its checksum when read."""
+
+    meta: SnapshotMeta
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Figures for status displays and leak checks (snapshot count must stay flat)."""
+
+    snapshots: int
+    snapshot_bytes: int
+    commits: int
+    writes: int
+
+
+async def _checksum(payload: bytes) -> str:
+    """:func:`gridstream.ids.checksum`, off the event loop for big payloads."""
+    if len(payload) >= _THREAD_CHECKSUM_BYTES:
+        return await asyncio.to_thread(checksum, payload)
+    return checksum(payload)
+
+
+def _meta(row: Any) -> SnapshotMeta:
+    """A SnapshotMeta from a row of ``_META_COLUMNS``."""
+    return SnapshotMeta(
+        job_id=row[0], operator_id=row[1], window=row[2], epoch=row[3], size=row[4],
+        checksum=row[5],
+    )
+
+
+def _byte_chunks(rows: list[Any], max_bytes: int) -> list[list[Any]]:
+    """Splits rows of text fields into runs of at most about ``max_bytes``."""
+    chunks: list[list[Any]] = []
+    current: list[Any] = []
+    size = 0
+    for row in rows:
+        row_size = sum(len(field) for field in row)
+        if current and size + row_size > max_bytes:
+            chunks.append(current)
+            current, size = [], 0
+        current.append(tuple(row))
+        size += row_size
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+class SnapshotStore:
+    """Durable snapshots, result rows and dead letters of every job on this server.
+
+    Use as ``async with SnapshotStore(path) as store:`` or call :meth:`open`
+    and :meth:`close`. ``keep_windows`` is the retention: after window w of an
+    operator is stored, only its newest ``keep_windows`` windows are kept.
+    """
+
+    def __init__(self, path: str | Path, keep_windows: int = 2) -> None:
+        if keep_windows < 1:
+            raise ValueError("keep_windows must be >= 1")
+        self.path = Path(path)
+        self.keep_windows = keep_windows
+        self._writer: aiosqlite.Connection | None = None
+        self._reader: aiosqlite.Connection | None = None
+        self._committer: GroupCommitter | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def open(self) -> SnapshotStore:
+        """Opens (creating if needed) the database and starts the writer task."""
+        if self._committer is not None:
+            raise RuntimeError("SnapshotStore is already open")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        writer = await aiosqlite.connect(self.path, isolation_level=None)
+        try:
+            await writer.execute("PRAGMA journal_mode=WAL")
+            await writer.execute("PRAGMA synchronous=NORMAL")
+            await writer.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            await writer.executescript(_SCHEMA)
+            reader = await aiosqlite.connect(self.path, isolation_level=None)
+        except BaseException:
+            await writer.close()
+            raise
+        try:
+            await reader.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            await reader.execute("PRAGMA query_only=ON")
+        except BaseException:
+            await reader.close()
+            await writer.close()
+            raise
+        self._writer, self._reader = writer, reader
+        self._committer = GroupCommitter(writer)
+        self._committer.start()
+        log.info("state store open at %s (keep %d windows per operator)", self.path,
+                 self.keep_windows)
+        return self
+
+    async def close(self) -> None:
+        """Commits queued writes, stops the writer task and closes the database.
+
+        Safe to call twice; afterwards every call fails with UNAVAILABLE.
+        """
+        committer, writer, reader = self._committer, self._writer, self._reader
+        if committer is None:
+            return
+        try:
+            await committer.close()
+        finally:
+            self._committer = self._writer = self._reader = None
+            if reader is not None:
+                await reader.close()
+            if writer is not None:
+                await writer.close()
+        log.info("state store at %s closed", self.path)
+
+    async def __aenter__(self) -> SnapshotStore:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def flush(self) -> None:
+        """Waits until every write submitted so far is committed."""
+        await self._commit().flush()
+
+    def _commit(self) -> GroupCommitter:
+        if self._committer is None:
+            raise Unavailable("the state store is not open")
+        return self._committer
+
+    def _read(self) -> aiosqlite.Connection:
+        if self._reader is None:
+            raise Unavailable("the state store is not open")
+        return self._reader
+
+    # -- snapshots ---------------------------------------------------------
+
+    async def put_snapshot(self, meta: SnapshotMeta, payload: bytes) -> bool:
+        """Stores a window snapshot; False when (job, operator, window) was already stored.
+
+        The payload must match ``meta.size`` and ``meta.checksum``; a mismatch
+        raises InvalidArgument and stores nothing. The first copy of a window
+        wins, so a retried or late duplicate never replaces it.
+        """
+        if len(payload) != meta.size:
+            raise InvalidArgument(
+                f"snapshot {meta.operator_id} window {meta.window}: meta.size is {meta.size} "
+                f"but the payload has {len(payload)} bytes; set size to len(payload); "
+                "nothing stored"
+            )
+        actual = await _checksum(payload)
+        if actual != meta.checksum:
+            raise InvalidArgument(
+                f"checksum mismatch for snapshot {meta.operator_id} window {meta.window}: "
+                f"meta.checksum is {meta.checksum!r}, the payload hashes to {actual!r}; the "
+                "payload was corrupted; nothing stored (compute gridstream.ids.checksum(payload) "
+                "and resend)"
+            )
+        keep = self.keep_windows
+
+        async def op(conn: aiosqlite.Connection) -> bool:
+            async with conn.execute(
+                f"INSERT OR IGNORE INTO snapshots ({_META_COLUMNS}, payload) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (meta.job_id, meta.operator_id, meta.window, meta.epoch, meta.size,
+                 meta.checksum, payload),
+            ) as cursor:
+                created = cursor.rowcount == 1
+            if not created:
+                return False
+            # Retention: keep the newest `keep` windows of this operator.
+            await conn.execute(
+                'DELETE FROM snapshots WHERE job_id = ? AND operator_id = ? AND "window" < ('
+                'SELECT "window" FROM snapshots WHERE job_id = ? AND operator_id = ? '
+                'ORDER BY "window" DESC LIMIT 1 OFFSET ?)',
+                (meta.job_id, meta.operator_id, meta.job_id, meta.operator_id, keep - 1),
+            )
+            return True
+
+        return await self._commit().submit(op)
+
+    async def get_latest_snapshot(self, job_id: str, operator_id: str) -> Snapshot | None:
+        """The operator's newest snapshot, checked against its checksum; None if none.
+
+        Raises SnapshotCorrupted (DATA_LOSS) instead of returning bytes that no
+        longer match what was written.
+        """
+        rows = list(await self._read().execute_fetchall(
+            f'SELECT {_META_COLUMNS}, payload FROM snapshots WHERE job_id = ? '
+            'AND operator_id = ? ORDER BY "window" DESC LIMIT 1',
+            (job_id, operator_id),
+        ))
+        if not rows:
+            return None
+        meta, payload = _meta(rows[0]), bytes(rows[0][6])
+        actual = await _checksum(payload)
+        if actual != meta.checksum or len(payload) != meta.size:
+            log.error("snapshot %s window %d is corrupt on disk (checksum %s, stored %s)",
+                      operator_id, meta.window, actual, meta.checksum)
+            raise SnapshotCorrupted(
+                f"snapshot {operator_id} window {meta.window} is corrupt on disk: stored "
+                f"checksum {meta.checksum}, payload hashes to {actual} ({len(payload)} of "
+                f"{meta.size} bytes); restore it from another state server replica"
+            )
+        return Snapshot(meta, payload)
+
+    async def list_snapshots(self, job_id: str, operator_id: str = "") -> list[SnapshotMeta]:
+        """Metadata of a job's snapshots (of one operator if given), by operator and window."""
+        if operator_id:
+            rows = await self._read().execute_fetchall(
+                f'SELECT {_META_COLUMNS} FROM snapshots WHERE job_id = ? AND operator_id = ? '
+                'ORDER BY "window"',
+                (job_id, operator_id),
+            )
+        else:
+            rows = await self._read().execute_fetchall(
+                f'SELECT {_META_COLUMNS} FROM snapshots WHERE job_id = ? '
+                'ORDER BY operator_id, "window"',
+                (job_id,),
+            )
+        return [_meta(row) for row in rows]
+
+    async def delete_snapshots(
+        self, job_id: str, operator_id: str = "", below_window: int = 0
+    ) -> int:
+        """Deletes a job's snapshots; ``operator_id`` "" means every operator and
+        ``below_window`` 0 every window (else only windows strictly below it).
+        Returns how many were deleted."""
+        sql = "DELETE FROM snapshots WHERE job_id = ?"
+        params: list[Any] = [job_id]
+        if operator_id:
+            sql += " AND operator_id = ?"
+            params.append(operator_id)
+        if below_window:
+            sql += ' AND "window" < ?'
+            params.append(below_window)
+
+        async def op(conn: aiosqlite.Connection) -> int:
+            async with conn.execute(sql, params) as cursor:
+                return int(cursor.rowcount)
+
+        return await self._commit().submit(op)
+
+    # -- results and dead letters -----------------------------------------
+
+    async def write_results(
+        self,
+        job_id: str,
+        rows: Sequence[ResultRow],
+        dead_letters: Sequence[DeadLetter] = (),
+    ) -> None:
+        """Upserts result rows and dead letters in one transaction; durable on return.
+
+        A later value for a key replaces the earlier one (also within ``rows``),
+        so a replayed window overwrites instead of adding.
+        """
+        if not rows and not dead_letters:
+            return
+
+        async def op(conn: aiosqlite.Connection) -> None:
+            if rows:
+                await conn.executemany(
+                    "INSERT INTO results (job_id, key, value) VALUES (?, ?, ?) "
+                    "ON CONFLICT (job_id, key) DO UPDATE SET value = excluded.value",
+                    [(job_id, key, value) for key, value in rows],
+                )
+            if dead_letters:
+                await conn.executemany(
+                    "INSERT INTO dead_letters (job_id, id, stage, record, error) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (job_id, id) DO UPDATE SET "
+                    "stage = excluded.stage, record = excluded.record, error = excluded.error",
+                    [(job_id, *entry) for entry in dead_letters],
+                )
+
+        await self._commit().submit(op)
+
+    async def read_results(
+        self,
+        job_id: str,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> AsyncIterator[list[ResultRow]]:
+        """A job's result rows in key order, in chunks of at most ``chunk_rows``.
+
+        Pages by key (no cursor is held open between chunks), so a slow reader
+        blocks neither writers nor WAL checkpoints. An unknown job yields nothing.
+        """
+        async for chunk in self._paged(
+            "SELECT key, value FROM results WHERE job_id = ?", "key", job_id, chunk_rows,
+            chunk_bytes,
+        ):
+            yield [(row[0], row[1]) for row in chunk]
+
+    async def read_dead_letters(
+        self,
+        job_id: str,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> AsyncIterator[list[DeadLetter]]:
+        """A job's dead letters in id order, chunked like :meth:`read_results`."""
+        async for chunk in self._paged(
+            "SELECT id, stage, record, error FROM dead_letters WHERE job_id = ?", "id", job_id,
+            chunk_rows, chunk_bytes,
+        ):
+            yield [(row[0], row[1], row[2], row[3]) for row in chunk]
+
+    async def _paged(
+        self, select: str, key: str, job_id: str, chunk_rows: int, chunk_bytes: int
+    ) -> AsyncIterator[list[Any]]:
+        """Keyset pagination over ``select`` ordered by ``key`` (its first column)."""
+        if chunk_rows < 1:
+            raise ValueError("chunk_rows must be >= 1")
+        first = f"{select} ORDER BY {key} LIMIT ?"
+        after = f"{select} AND {key} > ? ORDER BY {key} LIMIT ?"
+        last: str | None = None
+        while True:
+            if last is None:
+                rows = list(await self._read().execute_fetchall(first, (job_id, chunk_rows)))
+            else:
+                rows = list(
+                    await self._read().execute_fetchall(after, (job_id, last, chunk_rows))
+                )
+            for chunk in _byte_chunks(rows, chunk_bytes):
+                yield chunk
+            if len(rows) < chunk_rows:
+                return
+            last = rows[-1][0]
+
+    async def delete_job(self, job_id: str) -> None:
+        """Deletes every result, dead letter and snapshot of a job, in one transaction."""
+
+        async def op(conn: aiosqlite.Connection) -> None:
+            for table in ("results", "dead_letters", "snapshots"):
+                await conn.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+
+        await self._commit().submit(op)
+
+    # -- status ------------------------------------------------------------
+
+    async def stats(self) -> StoreStats:
+        """Snapshot count and bytes, and how well group commit is grouping."""
+        committer = self._commit()
+        rows = list(await self._read().execute_fetchall(
+            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM snapshots"
+        ))
+        return StoreStats(
+            snapshots=int(rows[0][0]), snapshot_bytes=int(rows[0][1]),
+            commits=committer.commits, writes=committer.writes,
+        )

@@ -1,0 +1,214 @@
+"""SnapshotStore on a real SQLite file: idempotency, retention, integrity, group commit."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gridstream.codec import pack
+from gridstream.errors import InvalidArgument, Unavailable
+from gridstream.ids import checksum
+from services.stateserver.rows import decode_dead_letters, decode_rows, encode_entries
+from services.stateserver.store import (
+    SnapshotCorrupted,
+    SnapshotMeta,
+    SnapshotStore,
+)
+
+JOB = "job-1"
+OP = "job-1/t0/p0"
+
+
+def meta_for(payload: bytes, window: int, operator_id: str = OP, job_id: str = JOB,
+             epoch: int = 1) -> SnapshotMeta:
+    return SnapshotMeta(job_id=job_id, operator_id=operator_id, window=window, epoch=epoch,
+                        size=len(payload), checksum=checksum(payload))
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SnapshotStore]:
+    async with SnapshotStore(tmp_path / "state.sqlite3") as opened:
+        yield opened
+
+
+async def test_put_is_idempotent_and_first_copy_wins(store: SnapshotStore) -> None:
+    first = b"state-a"
+    assert await store.put_snapshot(meta_for(first, 1), first) is True
+    assert await store.put_snapshot(meta_for(first, 1), first) is False
+    other = b"state-b"
+    assert await store.put_snapshot(meta_for(other, 1), other) is False
+    latest = await store.get_latest_snapshot(JOB, OP)
+    assert latest is not None and latest.payload == first
+    assert len(await store.list_snapshots(JOB)) == 1
+
+
+async def test_latest_is_the_highest_window(store: SnapshotStore) -> None:
+    assert await store.get_latest_snapshot(JOB, OP) is None
+    for window in (3, 1, 2):  # arrival order must not matter
+        payload = f"w{window}".encode()
+        await store.put_snapshot(meta_for(payload, window), payload)
+    latest = await store.get_latest_snapshot(JOB, OP)
+    assert latest is not None
+    assert latest.meta.window == 3 and latest.payload == b"w3"
+    assert await store.get_latest_snapshot(JOB, "job-1/t0/p9") is None
+
+
+async def test_retention_keeps_newest_two_per_operator(store: SnapshotStore) -> None:
+    other = "job-1/t0/p1"
+    for window in range(1, 6):
+        payload = f"w{window}".encode()
+        await store.put_snapshot(meta_for(payload, window), payload)
+    await store.put_snapshot(meta_for(b"x", 1, operator_id=other), b"x")
+    metas = await store.list_snapshots(JOB)
+    assert [(m.operator_id, m.window) for m in metas] == [(OP, 4), (OP, 5), (other, 1)]
+    stats = await store.stats()
+    assert stats.snapshots == 3 and stats.snapshot_bytes == 5
+    # A late copy of an old window does not disturb the newest ones.
+    await store.put_snapshot(meta_for(b"w1", 1), b"w1")
+    assert [m.window for m in await store.list_snapshots(JOB, OP)] == [4, 5]
+
+
+async def test_bad_checksum_or_size_is_refused_and_nothing_stored(store: SnapshotStore) -> None:
+    payload = b"payload"
+    bad = SnapshotMeta(JOB, OP, 1, 1, len(payload), checksum(b"something else"))
+    with pytest.raises(InvalidArgument, match="checksum mismatch"):
+        await store.put_snapshot(bad, payload)
+    wrong_size = SnapshotMeta(JOB, OP, 1, 1, 3, checksum(payload))
+    with pytest.raises(InvalidArgument, match="size"):
+        await store.put_snapshot(wrong_size, payload)
+    assert await store.list_snapshots(JOB) == []
+
+
+async def test_corruption_on_disk_is_detected_on_read(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    async with SnapshotStore(path) as store:
+        payload = b"good state" * 100
+        await store.put_snapshot(meta_for(payload, 7), payload)
+    with sqlite3.connect(path) as conn:  # flip the stored bytes behind the store's back
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        conn.execute("UPDATE snapshots SET payload = ? WHERE window = 7",
+                     (b"evil state" * 100,))
+    async with SnapshotStore(path) as store:
+        with pytest.raises(SnapshotCorrupted, match="corrupt"):
+            await store.get_latest_snapshot(JOB, OP)
+
+
+async def test_delete_snapshots_by_operator_and_window(store: SnapshotStore) -> None:
+    for op_id in (OP, "job-1/t1/p0"):
+        for window in (1, 2):
+            await store.put_snapshot(meta_for(b"s", window, operator_id=op_id), b"s")
+    assert await store.delete_snapshots(JOB, OP, below_window=2) == 1
+    assert await store.delete_snapshots(JOB, "job-1/t1/p0") == 2
+    assert [(m.operator_id, m.window) for m in await store.list_snapshots(JOB)] == [(OP, 2)]
+    assert await store.delete_snapshots(JOB) == 1
+    assert await store.delete_snapshots("no-such-job") == 0
+
+
+async def read_all(store: SnapshotStore, job_id: str, chunk_rows: int = 5_000
+                   ) -> list[list[tuple[str, str]]]:
+    return [chunk async for chunk in store.read_results(job_id, chunk_rows)]
+
+
+async def test_results_upsert_overwrites(store: SnapshotStore) -> None:
+    await store.write_results(JOB, [("a", "1"), ("b", "2"), ("a", "3")])
+    await store.write_results(JOB, [("b", '{"n": 4}')])
+    assert await read_all(store, JOB) == [[("a", "3"), ("b", '{"n": 4}')]]
+    assert await read_all(store, "unknown") == []
+
+
+async def test_results_are_chunked_in_key_order(store: SnapshotStore) -> None:
+    rows = [(f"k{i:04d}", str(i)) for i in range(25)]
+    rows.append(("", "empty key"))  # the empty string is a valid key and sorts first
+    await store.write_results(JOB, rows)
+    chunks = await read_all(store, JOB, chunk_rows=10)
+    assert [len(chunk) for chunk in chunks] == [10, 10, 6]
+    assert [row for chunk in chunks for row in chunk] == sorted(rows)
+
+
+async def test_dead_letters_and_delete_job(store: SnapshotStore) -> None:
+    await store.write_results(JOB, [("k", "1")], [("d1", "map", "'x'", "ValueError: x")])
+    await store.write_results(JOB, [], [("d1", "map", "'x'", "ValueError: y")])
+    await store.write_results("job-2", [("k", "2")])
+    await store.put_snapshot(meta_for(b"s", 1), b"s")
+    letters = [c async for c in store.read_dead_letters(JOB)]
+    assert letters == [[("d1", "map", "'x'", "ValueError: y")]]
+    await store.delete_job(JOB)
+    assert await read_all(store, JOB) == []
+    assert [c async for c in store.read_dead_letters(JOB)] == []
+    assert await store.list_snapshots(JOB) == []
+    assert await read_all(store, "job-2") == [[("k", "2")]]
+
+
+async def test_group_commit_of_200_concurrent_writes_is_durable(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    async with SnapshotStore(path) as store:
+        writes = [store.write_results(JOB, [(f"k{i:03d}", str(i))]) for i in range(100)]
+        snaps = [store.put_snapshot(meta_for(b"p%d" % i, 1, operator_id=f"{JOB}/t0/p{i}"),
+                                    b"p%d" % i) for i in range(100)]
+        results = await asyncio.gather(*writes, *snaps)
+        assert results[100:] == [True] * 100
+        stats = await store.stats()
+        assert stats.writes == 200
+        assert stats.commits < 20, f"200 writes took {stats.commits} transactions"
+    async with SnapshotStore(path) as reopened:
+        rows = [row for chunk in await read_all(reopened, JOB) for row in chunk]
+        assert rows == [(f"k{i:03d}", str(i)) for i in range(100)]
+        assert len(await reopened.list_snapshots(JOB)) == 100
+
+
+async def test_a_failing_write_does_not_fail_its_group(store: SnapshotStore) -> None:
+    async def boom(conn: object) -> None:
+        raise sqlite3.OperationalError("simulated disk error")
+
+    committer = store._commit()  # the group is formed by the committer
+    good = [store.write_results(JOB, [(f"k{i}", "1")]) for i in range(5)]
+    outcomes = await asyncio.gather(*good, committer.submit(boom), return_exceptions=True)
+    assert outcomes[:5] == [None] * 5
+    assert isinstance(outcomes[5], Unavailable) and "simulated" in str(outcomes[5])
+    assert len((await read_all(store, JOB))[0]) == 5
+
+
+async def test_close_commits_or_refuses_every_write_in_flight(tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    store = await SnapshotStore(path).open()
+    first = [asyncio.ensure_future(store.write_results(JOB, [(f"a{i:03d}", "1")]))
+             for i in range(100)]
+    await asyncio.sleep(0)  # the first wave is queued
+    late = [asyncio.ensure_future(store.write_results(JOB, [(f"b{i:03d}", "1")]))
+            for i in range(100)]
+    await store.close()
+    outcomes = await asyncio.wait_for(asyncio.gather(*first, *late, return_exceptions=True), 5)
+    assert outcomes[:100] == [None] * 100  # queued before close: committed
+    assert all(o is None or isinstance(o, Unavailable) for o in outcomes[100:]), outcomes
+    acked = {f"a{i:03d}" for i in range(100)} | {
+        f"b{i:03d}" for i, o in enumerate(outcomes[100:]) if o is None}
+    async with SnapshotStore(path) as reopened:
+        assert {row[0] for chunk in await read_all(reopened, JOB) for row in chunk} == acked
+
+
+async def test_closed_store_refuses_writes(tmp_path: Path) -> None:
+    store = await SnapshotStore(tmp_path / "s.sqlite3").open()
+    await store.close()
+    await store.close()  # twice is fine
+    with pytest.raises(Unavailable):
+        await store.write_results(JOB, [("k", "v")])
+
+
+def test_rows_wire_format_round_trip_and_errors() -> None:
+    rows = [("a", "1"), ("b", "[2]")]
+    assert decode_rows(encode_entries(rows), 2) == rows
+    assert decode_rows(b"", 0) == []
+    letters = [("id", "stage", "rec", "err")]
+    assert decode_dead_letters(encode_entries(letters), 1) == letters
+    with pytest.raises(InvalidArgument, match="row_count is 3"):
+        decode_rows(encode_entries(rows), 3)
+    with pytest.raises(InvalidArgument, match=r"rows\[0\] must be \[key: str"):
+        decode_rows(pack([(1, "x")]), 1)
+    with pytest.raises(InvalidArgument, match="not valid msgpack"):
+        decode_rows(b"\xc1", 1)
+    with pytest.raises(InvalidArgument, match=r"dead_letters\[0\]"):
+        decode_dead_letters(pack([("a", "b")]), 1)
