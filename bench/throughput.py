@@ -21,10 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gridstream.config import Config  # noqa: E402
-from gridstream.demo import run_on  # noqa: E402
-from gridstream.examples import taxi, wordcount  # noqa: E402
-from gridstream.local import LocalCluster  # noqa: E402
+from gridstream.config import Config
+from gridstream.demo import run_on
+from gridstream.examples import taxi, wordcount
+from gridstream.local import LocalCluster
 
 OUT = Path(__file__).resolve().parent / "out"
 

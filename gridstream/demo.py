@@ -65,24 +65,26 @@ def compare(actual: dict[str, Any], expected: dict[str, Any]) -> tuple[int, int,
     return missing, extra, different
 
 
-def workload(name: str, records: int) -> tuple[Any, list[str], dict[str, Any], int, str]:
-    """(job spec, input records, expected results, measured units, unit name)."""
+def workload(
+    name: str, records: int
+) -> tuple[Any, list[str] | None, list[str], dict[str, Any], int, str]:
+    """(job spec, keys, input records, expected results, measured units, unit name)."""
     if name == "taxi":
-        data = list(taxi.generate(records))
-        return taxi.job(), data, taxi.reference(data), len(data), "records"
+        keys, data = taxi.keyed(records)
+        return taxi.job(), keys, data, taxi.reference(data), len(data), "records"
     if name == "wordcount":
         lines = wordcount.generate(records)
-        return wordcount.job(), lines, wordcount.reference(lines), records, "words"
+        return wordcount.job(), None, lines, wordcount.reference(lines), records, "words"
     raise ValueError(f"unknown demo {name!r}; choose taxi or wordcount")
 
 
 async def run_on(scheduler: str, name: str, records: int, batch_size: int = 5_000) -> DemoReport:
     """Runs a workload against a running cluster and checks it."""
-    spec, data, expected, units_count, units = workload(name, records)
+    spec, keys, data, expected, units_count, units = workload(name, records)
     async with Client(scheduler, batch_size=batch_size) as client:
         job_id = await client.submit(spec)
         started = time.monotonic()
-        await client.send(job_id, data)
+        await client.send(job_id, data, keys)
         await client.drain(job_id)
         seconds = time.monotonic() - started
         actual = await client.results(job_id)

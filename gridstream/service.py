@@ -118,6 +118,7 @@ class MemberAgent:
         role: int,
         address: str,
         on_epoch: Callable[[int], Coroutine[Any, Any, None]] | None = None,
+        on_fence: Callable[[], Coroutine[Any, Any, None]] | None = None,
     ) -> None:
         self.scheduler_address = scheduler_address
         self.node_id = node_id
@@ -127,6 +128,7 @@ class MemberAgent:
         self.epoch = 0
         self.interval_s = 0.25
         self._on_epoch = on_epoch
+        self._on_fence = on_fence
         self._channel = rpc.open_channel(scheduler_address)
         self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
         self.registered = asyncio.Event()
@@ -168,7 +170,10 @@ class MemberAgent:
                         timeout=max(rpc.HEARTBEAT_TIMEOUT_S, self.interval_s * 2),
                     )
                     if response.reregister:
-                        log.warning("scheduler asked %s to register again", self.node_id)
+                        log.warning("scheduler asked %s to register again (declared dead or "
+                                    "unknown); fencing before rejoining", self.node_id)
+                        if self._on_fence is not None:
+                            await self._on_fence()
                         self.registered.clear()
                         continue
                     await self._observe_epoch(response.epoch)

@@ -1,5 +1,6 @@
 """Seed 000's worked example: taxi devices send position records.
 
+Records are sent keyed by device, so each device's positions stay in order.
 Stage 1 (``parse``) converts each JSON position record into a compact
 ``[device, "lat,lon;"]`` pair; stage 2 (``track``, keyed by device) appends the
 position to the device's value, so ``<1111, "111,112;">`` becomes
@@ -30,6 +31,15 @@ def generate(records: int, devices: int = DEVICES, seed: int = 0) -> Iterator[st
         lon += rng.randint(-3, 3)
         positions[device] = (lat, lon)
         yield json.dumps({"device": str(1000 + device), "lat": lat, "lon": lon, "seq": i})
+
+
+def keyed(records: int, devices: int = DEVICES, seed: int = 0) -> tuple[list[str], list[str]]:
+    """(device ids, JSON records): the source routes each record by its device
+    (the seed's scheduler routes the stream by consistent hashing), which keeps
+    every device's positions in order through the pipeline."""
+    values = list(generate(records, devices, seed))
+    keys = [str(1000 + i % devices) for i in range(records)]
+    return keys, values
 
 
 def parse_position(text: str) -> list[Any]:

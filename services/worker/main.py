@@ -75,7 +75,8 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
             port = await host.start(config.worker.host, config.worker.port)
             address = f"{config.worker.host}:{port}"
             agent = MemberAgent(config.scheduler_address, node_id,
-                                scheduler_pb2.MEMBER_ROLE_WORKER, address, node.on_epoch)
+                                scheduler_pb2.MEMBER_ROLE_WORKER, address, node.on_epoch,
+                                node.fence)
             agent_task = group.create_task(agent.run(), name="heartbeats")
             log.info("worker %s serving on %s (pid %d)", node_id, address, os.getpid())
             write_ready_file(ready_file, address=address, node_id=node_id)

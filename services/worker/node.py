@@ -13,13 +13,21 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
+import grpc
+
+from gridstream import codec
 from gridstream.config import Config
 from gridstream.errors import InvalidArgument, NotFound, StaleEpoch
 from gridstream.jobspec import JobSpec, Stage, check_imports, plan_tasks
-from gridstream.v1 import common_pb2
+from gridstream.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.worker.peers import Channels, OutSegment, PeerRouter, StateClient
+from services.worker.queues import Entry, JobContainer
+from services.worker.replication import BackupStore, ContainerKey, to_log_entry
 from services.worker.routing import RoutingView
-from services.worker.tasks import TaskRunner
+from services.worker.tasks import FetchedLog, TaskRunner
+
+FETCH_TIMEOUT_S = 10.0
+CHUNK_ENTRIES = 256
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +63,8 @@ class WorkerNode:
         self.router = PeerRouter(node_id, routing, channels, self.append_local,
                                  config.worker.push_timeout_s)
         self.state = StateClient(routing, channels)
+        self.backups = BackupStore()
+        self.retired: dict[ContainerKey, JobContainer] = {}
         self._sync_lock = asyncio.Lock()
 
     def deploy(self, job_id: str, spec_proto: common_pb2.JobSpec) -> JobRuntime:
@@ -77,6 +87,9 @@ class WorkerNode:
     async def stop_job(self, job_id: str) -> None:
         """Stops every task of a job and forgets it."""
         runtime = self.jobs.pop(job_id, None)
+        self.backups.drop_job(job_id)
+        for key in [k for k in self.retired if k[0] == job_id]:
+            del self.retired[key]
         if runtime is None:
             return
         for handle in runtime.handles.values():
@@ -93,10 +106,13 @@ class WorkerNode:
             runtime.tasks,
             task,
             partition,
+            self.node_id,
             self.router,
             self.state,
+            self.fetch_log,
             self.config.worker.queue_max_records,
             self.config.worker.output_batch_records,
+            self.config.cluster.backup_count,
         )
         runner.epoch = self.routing.epoch
         runtime.runners[(task, partition)] = runner
@@ -139,18 +155,54 @@ class WorkerNode:
                     await self.stop_job(job_id)
 
     async def _stop_task(self, runtime: JobRuntime, key: tuple[int, int]) -> None:
-        runtime.runners.pop(key, None)
+        """Stops a task whose partition moved away; its container stays readable
+        (retired) so the new owner can take the log over."""
+        runner = runtime.runners.pop(key, None)
         handle = runtime.handles.pop(key, None)
         if handle is not None:
             handle.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await handle
+        if runner is not None:
+            await runner.container.close()
+            if runner.ready.is_set():
+                self.retired[runner.key] = runner.container
+            log.info("handed off %s (offsets %d..%d)", runner.operator_id,
+                     runner.container.base_offset, runner.container.committed_offset)
+
+    async def fence(self) -> None:
+        """The scheduler no longer counts us as a member (we were declared dead,
+        e.g. after a pause): stop every task at once so nothing more is emitted
+        for partitions that now belong to others. Their logs stay readable for
+        the new owners; after re-registering, the routing table decides anew."""
+        async with self._sync_lock:
+            for runtime in self.jobs.values():
+                for key in list(runtime.runners):
+                    await self._stop_task(runtime, key)
+        log.warning("fenced: every task stopped until the routing table says otherwise")
 
     async def on_epoch(self, epoch: int) -> None:
         """Called when a heartbeat reports a newer epoch."""
         if epoch > self.routing.epoch:
             await self.routing.refresh(at_least=epoch)
             await self.sync()
+
+    def check_sender(self, job_id: str, sender: str, epoch: int, channels: list[str]) -> None:
+        """Fencing: refuses batches from a worker that routed with an older epoch
+        and no longer owns the partition it sends from (a zombie after a pause)."""
+        if epoch >= self.routing.epoch:
+            return
+        for channel in set(channels):
+            task, _, part = channel.partition("/p")
+            if not task.startswith("t") or not part.isdigit():
+                continue
+            owner = self.routing.owner(job_id, int(part))
+            if owner is not None and owner != sender:
+                raise StaleEpoch(
+                    f"stale epoch {epoch}: {sender} no longer owns partition {part} of job "
+                    f"{job_id} (owner {owner} at epoch {self.routing.epoch}); it must rejoin",
+                    self.routing.epoch,
+                )
 
     async def runner_for(self, job_id: str, task: int, partition: int, epoch: int) -> TaskRunner:
         """The runner a segment is for, refreshing the table once if the sender
@@ -168,6 +220,8 @@ class WorkerNode:
                 f"partitions; segment names task {task} partition {partition}"
             )
         runner = runtime.runners.get((task, partition))
+        if runner is not None and runner.container.closed:
+            runner = None
         if runner is None:
             owner = self.routing.owner(job_id, partition)
             raise StaleEpoch(
@@ -180,9 +234,100 @@ class WorkerNode:
     async def append_local(self, job_id: str, segment: OutSegment, timeout_s: float) -> bool:
         """Appends a segment produced on this worker to one of its containers."""
         runner = await self.runner_for(job_id, segment.task, segment.partition, 0)
-        return await runner.container.append(
+        return await runner.accept(
             segment.channel, segment.sequence, segment.keys, segment.values, timeout_s
         )
+
+    # -- replication and handoff ----------------------------------------------
+
+    def container_log(self, key: ContainerKey) -> list[worker_pb2.ContainerChunk]:
+        """The committed log of a container held here: a retired primary copy
+        (handoff) or a backup copy; an empty answer if neither."""
+        retired = self.retired.get(key)
+        if retired is not None:
+            end = retired.committed_offset
+            entries = [to_log_entry(e) for e in retired.entries(retired.base_offset, end)]
+            base, sequences, primary = retired.base_offset, retired.sequences(), True
+        else:
+            backup = self.backups.logs.get(key)
+            if backup is None:
+                return [worker_pb2.ContainerChunk(found=False)]
+            end = backup.next_offset
+            entries = [backup.entries[o] for o in range(backup.base, end)]
+            base, sequences, primary = backup.base, dict(backup.sequences), False
+        chunks = []
+        for start in range(0, max(len(entries), 1), CHUNK_ENTRIES):
+            chunks.append(worker_pb2.ContainerChunk(
+                found=True, base_offset=base, next_offset=end,
+                sequences=sequences if start == 0 else {},
+                entries=entries[start:start + CHUNK_ENTRIES], primary=primary,
+            ))
+        return chunks
+
+    async def fetch_container(
+        self, key: ContainerKey, epoch: int
+    ) -> list[worker_pb2.ContainerChunk]:
+        """Serves a new owner: first catch up with its epoch, which stops our own
+        task for the partition if we still ran it, so the log we hand over is final."""
+        if epoch > self.routing.epoch:
+            await self.routing.refresh(at_least=epoch)
+            await self.sync()
+        runtime = self.jobs.get(key[0])
+        if runtime is not None and (key[1], key[2]) in runtime.runners:
+            return [worker_pb2.ContainerChunk(found=False)]
+        return self.container_log(key)
+
+    async def _fetch_from(self, node: str, key: ContainerKey) -> FetchedLog | None:
+        address = self.routing.addresses.get(node)
+        if address is None:
+            return None
+        stub = worker_pb2_grpc.WorkerStub(self.channels.get(address))
+        request = worker_pb2.FetchContainerRequest(
+            job_id=key[0], task=key[1], partition=key[2], epoch=self.routing.epoch)
+        base = 0
+        sequences: dict[str, int] = {}
+        entries: list[Entry] = []
+        try:
+            async for chunk in stub.FetchContainer(request, timeout=FETCH_TIMEOUT_S):
+                if not chunk.found:
+                    return None
+                if not entries and not sequences:
+                    base = chunk.base_offset
+                    sequences = dict(chunk.sequences)
+                for item in chunk.entries:
+                    keys, values = codec.decode_batch(item.batch)
+                    entries.append(Entry(item.offset, item.channel, item.sequence, keys, values,
+                                         item.batch))
+        except grpc.aio.AioRpcError as exc:
+            log.warning("fetching %s from %s failed: %s", key, node, exc.code().name)
+            return None
+        return base, sequences, entries
+
+    def _local_log(self, key: ContainerKey) -> FetchedLog | None:
+        chunks = self.container_log(key)
+        if not chunks[0].found:
+            return None
+        entries = []
+        for chunk in chunks:
+            for item in chunk.entries:
+                keys, values = codec.decode_batch(item.batch)
+                entries.append(Entry(item.offset, item.channel, item.sequence, keys, values,
+                                     item.batch))
+        return chunks[0].base_offset, dict(chunks[0].sequences), entries
+
+    async def fetch_log(self, key: ContainerKey) -> FetchedLog | None:
+        """The fullest copy of a container's log: here (a backup, or our own
+        retired copy) or among the other live workers."""
+        others = [w for w in self.routing.workers if w != self.node_id]
+        found = [self._local_log(key)]
+        found += await asyncio.gather(*(self._fetch_from(w, key) for w in others))
+        best: FetchedLog | None = None
+        for candidate in found:
+            if candidate is None:
+                continue
+            if best is None or (candidate[0] + len(candidate[2])) > (best[0] + len(best[2])):
+                best = candidate
+        return best
 
     def progress(self, job_id: str) -> list[common_pb2.TaskProgress]:
         """Counters of the job's tasks hosted here."""
@@ -190,6 +335,10 @@ class WorkerNode:
         if runtime is None:
             return []
         return [runner.progress(self.node_id) for runner in runtime.runners.values()]
+
+    def drop_retired(self, key: ContainerKey) -> None:
+        """Forgets a retired container once its new owner has it."""
+        self.retired.pop(key, None)
 
     async def close(self) -> None:
         """Stops every job."""

@@ -20,6 +20,7 @@ from gridstream import codec, rpc
 from gridstream.errors import GridstreamError, StaleEpoch, from_rpc_error
 from gridstream.ids import checksum
 from gridstream.v1 import stateserver_pb2, stateserver_pb2_grpc, worker_pb2, worker_pb2_grpc
+from services.worker.queues import ContainerClosed
 from services.worker.routing import RoutingView
 
 log = logging.getLogger(__name__)
@@ -131,7 +132,11 @@ class PeerRouter:
             for segment in segments:
                 try:
                     await self.local_append(job_id, segment, self.push_timeout_s)
-                except (TimeoutError, StaleEpoch):
+                except (TimeoutError, StaleEpoch, ContainerClosed):
+                    failed.append(segment)
+                except GridstreamError as exc:
+                    if exc.code not in _RETRYABLE:
+                        raise
                     failed.append(segment)
             return failed
         address = self.routing.addresses.get(owner)
@@ -144,6 +149,7 @@ class PeerRouter:
                 worker_pb2.PushRequest(
                     job_id=job_id,
                     epoch=self.routing.epoch,
+                    sender=self.node_id,
                     segments=[segment.to_proto() for segment in segments],
                 ),
                 timeout=self.push_timeout_s,
@@ -194,6 +200,23 @@ class StateClient:
             )
         except grpc.aio.AioRpcError as exc:
             raise from_rpc_error(exc, f"writing results of {operator_id}") from None
+
+    async def get_latest_snapshot(
+        self, job_id: str, operator_id: str
+    ) -> tuple[int, bytes] | None:
+        """(window, payload) of the operator's newest durable snapshot, or None."""
+        try:
+            response = await self._stub(operator_id).GetLatestSnapshot(
+                stateserver_pb2.GetLatestSnapshotRequest(job_id=job_id, operator_id=operator_id),
+                timeout=rpc.DATA_TIMEOUT_S,
+            )
+        except grpc.aio.AioRpcError as exc:
+            raise from_rpc_error(exc, f"reading the latest snapshot of {operator_id}") from None
+        if not response.found:
+            return None
+        if checksum(response.payload) != response.meta.checksum:
+            raise GridstreamError(f"snapshot of {operator_id} failed its checksum in transit")
+        return int(response.meta.window), bytes(response.payload)
 
     async def put_snapshot(
         self, job_id: str, operator_id: str, window: int, epoch: int, payload: bytes

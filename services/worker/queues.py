@@ -4,6 +4,11 @@ An ordered log of batches. Each batch enters once: the container remembers the
 highest sequence accepted per channel and acknowledges a repeat as a duplicate
 without appending it, so senders may retry freely (idempotency keys).
 
+An appended batch is *committed* once its backups hold it (at once when the
+job has no backups); the operator only takes committed batches, and a sender
+is only acknowledged after commit — so nothing the operator acted on, and
+nothing a sender was told is safe, can vanish with this process.
+
 Entries keep their offsets after they are consumed, until a durable window
 snapshot covers them (``trim``); recovery replays from the snapshot's offset.
 Only unconsumed records count against ``max_records``: a full container makes
@@ -14,11 +19,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from gridstream import codec
+from gridstream.v1 import common_pb2
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True)
 class Entry:
     """One batch in a container, at a fixed offset."""
 
@@ -27,32 +35,66 @@ class Entry:
     sequence: int
     keys: list[Any] | None
     values: list[Any]
+    batch: common_pb2.RecordBatch | None = field(default=None, repr=False)
+    """The wire form, kept when the batch arrived over gRPC so replication
+    does not encode it again."""
 
     @property
     def count(self) -> int:
         """Records in the batch."""
         return len(self.values)
 
+    def wire(self) -> common_pb2.RecordBatch:
+        """The batch's wire form, encoded on first use."""
+        if self.batch is None:
+            self.batch = codec.encode_batch(self.values, self.keys)
+        return self.batch
+
+
+class ContainerClosed(Exception):
+    """The container was retired (its partition moved away); retry elsewhere."""
+
 
 class JobContainer:
     """A bounded, deduplicating, offset-addressed queue of record batches."""
 
-    def __init__(self, container_id: str, max_records: int) -> None:
+    def __init__(self, container_id: str, max_records: int, dedupe: bool = True) -> None:
         self.container_id = container_id
         self.max_records = max_records
+        self.dedupe = dedupe
         self._entries: deque[Entry] = deque()
         self._base = 0  # offset of _entries[0]
         self._next_offset = 0
+        self._committed = 0  # entries below this offset are held by every backup
         self._consumed = 0  # offset of the next entry the operator will take
         self._unconsumed_records = 0
         self._last_sequence: dict[str, int] = {}
+        self._last_offset: dict[str, int] = {}
         self._changed = asyncio.Condition()
+        self._closed = False
         self.records_in = 0
+
+    # -- state ---------------------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        """True once retired."""
+        return self._closed
+
+    @property
+    def base_offset(self) -> int:
+        """Offset of the oldest retained entry."""
+        return self._base
 
     @property
     def next_offset(self) -> int:
         """Offset the next appended batch will get."""
         return self._next_offset
+
+    @property
+    def committed_offset(self) -> int:
+        """Entries below this offset are committed."""
+        return self._committed
 
     @property
     def pending_batches(self) -> int:
@@ -64,9 +106,26 @@ class JobContainer:
         """Records not yet taken by the operator."""
         return self._unconsumed_records
 
+    @property
+    def retained_batches(self) -> int:
+        """Batches held in memory, consumed or not."""
+        return len(self._entries)
+
     def is_duplicate(self, channel: str, sequence: int) -> bool:
         """True when this (channel, sequence) was already accepted."""
-        return sequence <= self._last_sequence.get(channel, 0)
+        return self.dedupe and sequence <= self._last_sequence.get(channel, 0)
+
+    def sequences(self) -> dict[str, int]:
+        """Highest accepted sequence per channel."""
+        return dict(self._last_sequence)
+
+    def entries(self, start: int, end: int) -> list[Entry]:
+        """Retained entries with offsets in [start, end)."""
+        start = max(start, self._base)
+        end = min(end, self._next_offset)
+        return [self._entries[o - self._base] for o in range(start, end)]
+
+    # -- appending and committing -------------------------------------------
 
     async def append(
         self,
@@ -75,39 +134,65 @@ class JobContainer:
         keys: list[Any] | None,
         values: list[Any],
         timeout_s: float | None = None,
-    ) -> bool:
+        batch: common_pb2.RecordBatch | None = None,
+    ) -> tuple[bool, int]:
         """Appends a batch unless it is a duplicate; waits while the container is
-        full. Returns False for a duplicate. Raises TimeoutError if no space
-        frees up within ``timeout_s``."""
+        full. Returns (accepted, offset), where for a duplicate the offset is
+        the channel's latest entry (commit it before acknowledging). Raises
+        TimeoutError if no space frees up within ``timeout_s``."""
         async with self._changed:
+            self._check_open()
             if self.is_duplicate(channel, sequence):
-                return False
+                return False, self._last_offset.get(channel, -1)
             if self._unconsumed_records > 0 and (
                 self._unconsumed_records + len(values) > self.max_records
             ):
                 await asyncio.wait_for(
                     self._changed.wait_for(
-                        lambda: self._unconsumed_records == 0
+                        lambda: self._closed
+                        or self._unconsumed_records == 0
                         or self._unconsumed_records + len(values) <= self.max_records
                         or self.is_duplicate(channel, sequence)
                     ),
                     timeout_s,
                 )
+                self._check_open()
                 if self.is_duplicate(channel, sequence):
-                    return False
-            self._entries.append(Entry(self._next_offset, channel, sequence, keys, values))
+                    return False, self._last_offset.get(channel, -1)
+            offset = self._next_offset
+            self._entries.append(Entry(offset, channel, sequence, keys, values, batch))
             self._next_offset += 1
             self._unconsumed_records += len(values)
             self._last_sequence[channel] = sequence
+            self._last_offset[channel] = offset
             self.records_in += len(values)
             self._changed.notify_all()
-            return True
+            return True, offset
+
+    async def commit_through(self, end: int) -> None:
+        """Marks every entry below ``end`` committed (held by the backups)."""
+        async with self._changed:
+            if end > self._committed:
+                self._committed = min(end, self._next_offset)
+                self._changed.notify_all()
+
+    async def wait_committed(self, offset: int, timeout_s: float | None = None) -> None:
+        """Waits until the entry at ``offset`` is committed."""
+        async with self._changed:
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: self._closed or offset < self._committed),
+                timeout_s,
+            )
+            if offset >= self._committed:
+                self._check_open()
+
+    # -- consuming ----------------------------------------------------------
 
     async def take(self, offset: int) -> Entry:
-        """The entry at ``offset``, waiting until it is appended. Marks everything
-        before it consumed (the operator processes in order)."""
+        """The committed entry at ``offset``, waiting until there is one."""
         async with self._changed:
-            await self._changed.wait_for(lambda: offset < self._next_offset)
+            await self._changed.wait_for(lambda: self._closed or offset < self._committed)
+            self._check_open()
             if offset < self._base:
                 raise LookupError(
                     f"{self.container_id}: offset {offset} was trimmed (base {self._base})"
@@ -118,7 +203,8 @@ class JobContainer:
         """Records that the operator is done with every entry below ``offset``."""
         async with self._changed:
             while self._consumed < min(offset, self._next_offset):
-                self._unconsumed_records -= self._entries[self._consumed - self._base].count
+                if self._consumed >= self._base:
+                    self._unconsumed_records -= self._entries[self._consumed - self._base].count
                 self._consumed += 1
             self._changed.notify_all()
 
@@ -133,28 +219,45 @@ class JobContainer:
             dropped += 1
         return dropped
 
-    @property
-    def retained_batches(self) -> int:
-        """Batches held in memory, consumed or not."""
-        return len(self._entries)
+    # -- recovery -----------------------------------------------------------
 
-    def sequences(self) -> dict[str, int]:
-        """Highest accepted sequence per channel (replicated with the queue later)."""
-        return dict(self._last_sequence)
+    def restore(self, base: int, sequences: dict[str, int], entries: list[Entry],
+                consumed: int) -> None:
+        """Replaces the contents with a log fetched from a backup or a previous
+        owner; everything restored is committed. ``consumed`` is the offset the
+        operator resumes from (its snapshot's)."""
+        self._entries = deque(entries)
+        self._base = base
+        self._next_offset = base + len(entries)
+        self._committed = self._next_offset
+        self._consumed = max(min(consumed, self._next_offset), base)
+        self._unconsumed_records = sum(e.count for e in entries if e.offset >= self._consumed)
+        self._last_sequence = dict(sequences)
+        self._last_offset = {}
+        for e in entries:
+            self._last_offset[e.channel] = e.offset
+            self._last_sequence[e.channel] = max(self._last_sequence.get(e.channel, 0),
+                                                 e.sequence)
+        self.records_in = self._unconsumed_records
 
-    def waiting_entries(self) -> list[Entry]:
-        """Unconsumed entries, oldest first (for inspection and tests)."""
-        return [e for e in self._entries if e.offset >= self._consumed]
+    def skip_to(self, offset: int) -> None:
+        """Moves the consumer to ``offset`` (at-most-once recovery skips replay)."""
+        self._consumed = max(self._consumed, min(offset, self._next_offset))
+        self._unconsumed_records = sum(e.count for e in self._entries if e.offset >= self._consumed)
+
+    async def close(self) -> None:
+        """Retires the container: waiters get ContainerClosed, the log stays
+        readable for a handoff."""
+        async with self._changed:
+            self._closed = True
+            self._changed.notify_all()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ContainerClosed(f"{self.container_id} moved to another worker")
 
     def __repr__(self) -> str:
         return (
-            f"JobContainer({self.container_id}, next={self._next_offset}, "
-            f"consumed={self._consumed}, base={self._base})"
+            f"JobContainer({self.container_id}, base={self._base}, next={self._next_offset}, "
+            f"committed={self._committed}, consumed={self._consumed})"
         )
-
-
-def describe(entry: Entry, index: int) -> dict[str, Any]:
-    """A small, human-readable description of one record, for dead letters."""
-    key = None if entry.keys is None else entry.keys[index]
-    return {"key": key, "value": entry.values[index], "channel": entry.channel,
-            "sequence": entry.sequence, "index": index}

@@ -32,7 +32,9 @@ class RoutingView:
         self.owners: dict[str, list[str]] = {}
         self.addresses: dict[str, str] = {}
         self.state_servers: dict[str, str] = {}
+        self.workers: list[str] = []
         self._state_ring = HashRing([], virtual_nodes)
+        self._worker_ring = HashRing([], virtual_nodes)
 
     async def refresh(self, at_least: int = 0) -> scheduler_pb2.RoutingTable:
         """Fetches the table unless one at ``at_least`` or newer is already here.
@@ -62,6 +64,13 @@ class RoutingView:
             and m.state != scheduler_pb2.MEMBER_STATE_DEAD
         }
         self._state_ring = HashRing(self.state_servers, self._virtual_nodes)
+        self.workers = sorted(
+            m.node_id
+            for m in table.members
+            if m.role == scheduler_pb2.MEMBER_ROLE_WORKER
+            and m.state != scheduler_pb2.MEMBER_STATE_DEAD
+        )
+        self._worker_ring = HashRing(self.workers, self._virtual_nodes)
         log.info("routing table epoch %d: %d jobs, %d members", table.epoch, len(table.jobs),
                  len(table.members))
 
@@ -71,6 +80,15 @@ class RoutingView:
         if owners is None or partition >= len(owners):
             return None
         return owners[partition]
+
+    def backups(self, job_id: str, partition: int, count: int) -> list[str]:
+        """The workers holding copies of a partition's containers: the next
+        ``count`` live workers on the ring after the owner."""
+        if count <= 0:
+            return []
+        owner = self.owner(job_id, partition)
+        walk = self._worker_ring.walk(f"{job_id}/{partition}")
+        return [w for w in walk if w != owner][:count]
 
     def state_server_for(self, operator_id: str) -> str:
         """Address of the state server holding an operator's snapshots and rows."""

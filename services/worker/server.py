@@ -6,10 +6,11 @@ from __future__ import annotations
 import grpc
 
 from gridstream import codec
-from gridstream.errors import InvalidArgument, ResourceExhausted
+from gridstream.errors import GridstreamError, InvalidArgument, ResourceExhausted, StaleEpoch
 from gridstream.rpc import servicer_method
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 from services.worker.node import WorkerNode
+from services.worker.queues import ContainerClosed
 
 _MARGIN_S = 0.2
 
@@ -47,18 +48,29 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 request.job_id, segment.task, segment.partition, request.epoch
             )
             decoded.append((runner, segment, keys, values))
+        if request.sender:
+            self.node.check_sender(request.job_id, request.sender, request.epoch,
+                                   [s.channel for s in request.segments])
         outcomes = []
         remaining = context.time_remaining()
         for runner, segment, keys, values in decoded:
             wait = None if remaining is None else max(0.0, remaining - _MARGIN_S)
             try:
-                accepted = await runner.container.append(
-                    segment.channel, segment.sequence, keys, values, wait
+                accepted = await runner.accept(
+                    segment.channel, segment.sequence, keys, values, wait, segment.batch
                 )
             except TimeoutError:
                 raise ResourceExhausted(
-                    f"container {runner.container.container_id} is full "
-                    f"({runner.container.pending_records} records waiting); retry later"
+                    f"container {runner.container.container_id} is full or its backups are "
+                    f"unreachable ({runner.container.pending_records} records waiting); "
+                    "retry later"
+                ) from None
+            except ContainerClosed:
+                raise StaleEpoch(
+                    f"stale epoch {self.node.routing.epoch}: partition {segment.partition} of "
+                    f"job {request.job_id} moved away from {self.node.node_id}; refresh the "
+                    "routing table and resend",
+                    self.node.routing.epoch,
                 ) from None
             outcomes.append(
                 worker_pb2.SEGMENT_OUTCOME_ACCEPTED
@@ -82,6 +94,27 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> worker_pb2.StopJobResponse:
         await self.node.stop_job(request.job_id)
         return worker_pb2.StopJobResponse()
+
+    @servicer_method
+    async def Replicate(
+        self, request: worker_pb2.ReplicateRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ReplicateResponse:
+        if not request.job_id or not request.primary:
+            raise InvalidArgument("job_id and primary must be set")
+        return worker_pb2.ReplicateResponse(next_offset=self.node.backups.replicate(request))
+
+    async def FetchContainer(  # type: ignore[override]
+        self, request: worker_pb2.FetchContainerRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        try:
+            chunks = await self.node.fetch_container(
+                (request.job_id, request.task, request.partition), request.epoch
+            )
+        except GridstreamError as exc:
+            await context.abort(exc.code, str(exc))
+            return
+        for chunk in chunks:
+            await context.write(chunk)
 
     @servicer_method
     async def GetTaskProgress(

@@ -1,5 +1,5 @@
 """TaskRunner: one (job, task, partition) — a JobContainer feeding a JobOperator
-chain, with its shuffle, double buffer and persister.
+chain, with its shuffle, double buffer, replicator and persister.
 
 The loop, per batch, follows the seed's method: take the batch (LatestSnapshot
 os=false), run the chain, emit the output and wait for its acknowledgement,
@@ -8,6 +8,15 @@ the window reaches W records, its state and offsets go to the Persister, which
 writes them asynchronously; sink rows go with them. When the container runs
 empty, pending sink rows are flushed too (the seed persists its map "when its
 input queue runs empty").
+
+Recovery, when a runner starts: restore lv, the output sequences and the
+window number from the newest durable window snapshot; restore the container
+from the fullest copy of its log held by another worker (its backups, or the
+previous owner in a handoff); replay from the snapshot's offset. A batch that
+was in flight when the previous owner died (os=false) is simply processed
+again; one whose output was already emitted (os=true but not yet covered by a
+snapshot) is re-emitted with the same (channel, sequence), and the receiving
+container recognises it as a duplicate.
 """
 
 from __future__ import annotations
@@ -15,19 +24,26 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gridstream import codec
+from gridstream.errors import GridstreamError
 from gridstream.ids import container_id, key_text, operator_id, task_channel
 from gridstream.jobspec import JobSpec, Stage, resolve
 from gridstream.v1 import common_pb2
 from services.worker.operators import DeadLetter, OperatorChain
 from services.worker.peers import PeerRouter, StateClient
-from services.worker.queues import JobContainer
+from services.worker.queues import Entry, JobContainer
+from services.worker.replication import Replicator
 from services.worker.shuffle import Shuffle
 from services.worker.snapshots import LatestSnapshot, PendingSnapshot, Persister, WindowSnapshot
 
 log = logging.getLogger(__name__)
+
+FetchedLog = tuple[int, dict[str, int], list[Entry]]  # (base, sequences, entries)
+FetchLog = Callable[[tuple[str, int, int]], Awaitable[FetchedLog | None]]
 
 
 def _row_key(key: Any) -> str:
@@ -48,33 +64,36 @@ class TaskRunner:
         tasks: list[list[Stage]],
         task_index: int,
         partition: int,
+        node_id: str,
         router: PeerRouter,
         state: StateClient,
+        fetch_log: FetchLog,
         max_records: int,
         batch_records: int,
+        backup_count: int,
     ) -> None:
         self.job_id = job_id
         self.spec = spec
         self.task_index = task_index
         self.partition = partition
+        self.key = (job_id, task_index, partition)
         self.operator_id = operator_id(job_id, task_index, partition)
-        self.container = JobContainer(container_id(job_id, task_index, partition), max_records)
+        self.container = JobContainer(
+            container_id(job_id, task_index, partition), max_records,
+            dedupe=spec.delivery != "at_least_once",
+        )
         stages = tasks[task_index]
         self.chain = OperatorChain(stages, f"job {spec.name}, task {task_index}")
         self.shuffle: Shuffle | None = None
         if task_index + 1 < len(tasks):
             nxt = tasks[task_index + 1][0]
             self.shuffle = Shuffle(
-                job_id,
-                task_index + 1,
-                nxt.name,
-                spec.partitions,
+                job_id, task_index + 1, nxt.name, spec.partitions,
                 resolve(nxt.key, f"job {spec.name}, stage {nxt.name}, key"),
-                task_channel(task_index, partition),
-                router,
-                batch_records,
+                task_channel(task_index, partition), router, batch_records,
             )
         self.state_client = state
+        self._fetch_log = fetch_log
         self.window_size = spec.window_size
         self.latest = LatestSnapshot(
             state=self.chain.states, functions=tuple(s.function for s in stages)
@@ -82,19 +101,117 @@ class TaskRunner:
         self.window = WindowSnapshot()
         self.persister = Persister(self._write_rows, self._write_snapshot, self._durable,
                                    self.operator_id)
+        self.durable_offset = 0
+        self.replicator: Replicator | None = None
+        if spec.delivery != "at_most_once" and backup_count > 0:
+            self.replicator = Replicator(
+                self.key, self.container, node_id, router.routing, router.channels,
+                backup_count, lambda: self.durable_offset,
+            )
+        self.ready = asyncio.Event()
         self._rows: dict[Any, Any] = {}
         self._dead: list[DeadLetter] = []
         self.records_processed = 0
         self.records_out = 0
         self.dead_letters = 0
         self.outbound_pending = 0
+        self.recovered_batches = 0
+        self.recovery_seconds = 0.0
         self.epoch = 0
 
+    # -- life ----------------------------------------------------------------
+
     async def run(self) -> None:
-        """Processes batches forever; the persister runs beside it."""
+        """Restores, then processes batches forever beside its persister and
+        replicator."""
+        await self._restore()
+        self.ready.set()
         async with asyncio.TaskGroup() as group:
             group.create_task(self.persister.run(), name=f"persist {self.operator_id}")
+            if self.replicator is not None:
+                group.create_task(self.replicator.run(), name=f"replicate {self.operator_id}")
             group.create_task(self._loop(), name=f"operate {self.operator_id}")
+
+    async def _retry(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
+        delay = 0.05
+        while True:
+            try:
+                return await call()
+            except GridstreamError as exc:
+                log.warning("%s: %s failed (%s); retrying", self.operator_id, what, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _restore(self) -> None:
+        started = time.monotonic()
+        snapshot = await self._retry(
+            "reading the latest snapshot",
+            lambda: self.state_client.get_latest_snapshot(self.job_id, self.operator_id),
+        )
+        fetched = await self._fetch_log(self.key)
+        offset = 0
+        in_sequences: dict[str, int] = {}
+        if snapshot is not None:
+            window, payload = snapshot
+            saved = codec.unpack(payload)
+            self.chain.restore_state(saved["state"])
+            if self.shuffle is not None:
+                self.shuffle.sequences = {int(p): int(s) for p, s in
+                                          saved["out_sequences"].items()}
+            self.window.window = window + 1
+            offset = int(saved["offset"])
+            in_sequences = dict(saved["in_sequences"])
+            self.durable_offset = offset
+        if fetched is not None:
+            base, sequences, entries = fetched
+            merged = {**in_sequences}
+            for channel, seq in sequences.items():
+                merged[channel] = max(seq, merged.get(channel, 0))
+            if base > offset:
+                log.error("%s: log starts at %d but the snapshot ends at %d; records between "
+                          "were lost", self.operator_id, base, offset)
+                offset = base
+            self.container.restore(base, merged, entries, offset)
+        elif snapshot is not None:
+            self.container.restore(offset, in_sequences, [], offset)
+        if self.spec.delivery == "at_most_once":
+            offset = max(offset, self.container.next_offset)
+            self.container.skip_to(offset)
+        self.latest.offset = offset
+        self.recovered_batches = self.container.next_offset - offset
+        self.recovery_seconds = time.monotonic() - started
+        if snapshot is not None or fetched is not None:
+            log.info("%s restored: snapshot window %s, offset %d, %d batches to replay "
+                     "(%.3fs)", self.operator_id, snapshot[0] if snapshot else None, offset,
+                     self.recovered_batches, self.recovery_seconds)
+
+    # -- input ---------------------------------------------------------------
+
+    async def accept(
+        self,
+        channel: str,
+        sequence: int,
+        keys: list[Any] | None,
+        values: list[Any],
+        timeout_s: float | None,
+        batch: common_pb2.RecordBatch | None = None,
+    ) -> bool:
+        """Appends a batch and returns once it is committed (held by every
+        backup): only then may its sender be acknowledged. False for a
+        duplicate (also only once the original is committed)."""
+        await asyncio.wait_for(self.ready.wait(), timeout_s)
+        accepted, offset = await self.container.append(
+            channel, sequence, keys, values, timeout_s, batch
+        )
+        if self.replicator is None:
+            await self.container.commit_through(self.container.next_offset)
+        elif accepted:
+            self.replicator.notify()
+        if offset >= 0:
+            await self.container.wait_committed(offset, timeout_s)
+        return accepted
+
+    # -- processing ----------------------------------------------------------
 
     async def _loop(self) -> None:
         container = self.container
@@ -161,7 +278,10 @@ class TaskRunner:
         )
 
     def _durable(self, offset: int) -> None:
+        self.durable_offset = max(self.durable_offset, offset)
         self.container.trim(offset)
+        if self.replicator is not None:
+            self.replicator.notify()
 
     def progress(self, node_id: str) -> common_pb2.TaskProgress:
         """Counters for the scheduler's drain check and for status displays."""
@@ -171,7 +291,7 @@ class TaskRunner:
             records_in=self.container.records_in,
             records_processed=self.records_processed,
             records_out=self.records_out,
-            queue_batches=self.container.pending_batches,
+            queue_batches=self.container.pending_batches + (0 if self.ready.is_set() else 1),
             queue_records=self.container.pending_records,
             outbound_pending=self.outbound_pending,
             windows_persisted=self.persister.windows_persisted,

@@ -14,9 +14,9 @@ pytestmark = pytest.mark.integration
 
 
 async def test_taxi_matches_the_reference(client: Client) -> None:
-    records = list(taxi.generate(30_000, devices=1_000, seed=7))
+    keys, records = taxi.keyed(30_000, devices=1_000, seed=7)
     job_id = await client.submit(taxi.job())
-    assert await client.send(job_id, records) == len(records)
+    assert await client.send(job_id, records, keys) == len(records)
     progress = await client.drain(job_id)
     results = await client.results(job_id)
     expected = taxi.reference(records)

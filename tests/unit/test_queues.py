@@ -1,4 +1,5 @@
-"""JobContainer: ordering, dedupe by (channel, sequence), backpressure, trim."""
+"""JobContainer: ordering, dedupe by (channel, sequence), commit before
+consumption, backpressure, trim, restore."""
 
 from __future__ import annotations
 
@@ -6,29 +7,50 @@ import asyncio
 
 import pytest
 
-from services.worker.queues import JobContainer
+from services.worker.queues import ContainerClosed, Entry, JobContainer
 
 
 async def test_appends_in_order_and_drops_duplicates() -> None:
     q = JobContainer("j/t0/p0", max_records=100)
-    assert await q.append("src/a", 1, None, [1, 2])
-    assert await q.append("src/b", 1, None, [3])
-    assert not await q.append("src/a", 1, None, [1, 2])  # retry of the same batch
-    assert await q.append("src/a", 2, None, [4])
+    assert await q.append("src/a", 1, None, [1, 2]) == (True, 0)
+    assert await q.append("src/b", 1, None, [3]) == (True, 1)
+    # A retry of the same batch is a duplicate; it names the offset to wait for.
+    assert await q.append("src/a", 1, None, [1, 2]) == (False, 0)
+    assert await q.append("src/a", 2, None, [4]) == (True, 2)
+    await q.commit_through(3)
     entries = [await q.take(i) for i in range(3)]
     assert [e.values for e in entries] == [[1, 2], [3], [4]]
     assert q.records_in == 4
 
 
+async def test_without_dedupe_duplicates_are_appended() -> None:
+    q = JobContainer("j/t0/p0", max_records=100, dedupe=False)
+    await q.append("src/a", 1, None, [1])
+    assert await q.append("src/a", 1, None, [1]) == (True, 1)
+
+
+async def test_uncommitted_entries_are_not_taken() -> None:
+    q = JobContainer("j/t0/p0", max_records=100)
+    await q.append("c", 1, None, [1])
+    taker = asyncio.create_task(q.take(0))
+    await asyncio.sleep(0.01)
+    assert not taker.done()
+    waiter = asyncio.create_task(q.wait_committed(0))
+    await q.commit_through(1)
+    assert (await asyncio.wait_for(taker, 1)).values == [1]
+    await asyncio.wait_for(waiter, 1)
+
+
 async def test_full_container_makes_senders_wait() -> None:
     q = JobContainer("j/t0/p0", max_records=3)
     await q.append("c", 1, None, [1, 2, 3])
+    await q.commit_through(1)
     blocked = asyncio.create_task(q.append("c", 2, None, [4]))
     await asyncio.sleep(0.01)
     assert not blocked.done()
     await q.take(0)
     await q.mark_consumed(1)
-    assert await asyncio.wait_for(blocked, 1.0)
+    assert await asyncio.wait_for(blocked, 1.0) == (True, 1)
 
 
 async def test_append_times_out_when_nobody_consumes() -> None:
@@ -42,6 +64,7 @@ async def test_trim_keeps_unconsumed_entries() -> None:
     q = JobContainer("j/t0/p0", max_records=100)
     for seq in range(1, 6):
         await q.append("c", seq, None, [seq])
+    await q.commit_through(5)
     await q.take(2)
     await q.mark_consumed(3)
     assert q.trim(10) == 3  # only consumed entries go
@@ -49,3 +72,26 @@ async def test_trim_keeps_unconsumed_entries() -> None:
     assert (await q.take(3)).values == [4]
     with pytest.raises(LookupError):
         await q.take(1)
+
+
+async def test_restore_resumes_at_the_snapshot_offset() -> None:
+    q = JobContainer("j/t1/p0", max_records=100)
+    entries = [Entry(o, "t0/p1", o + 1, ["k"], [o]) for o in range(10, 14)]
+    q.restore(10, {"t0/p1": 11, "t0/p2": 7}, entries, consumed=12)
+    assert (q.base_offset, q.next_offset, q.committed_offset) == (10, 14, 14)
+    assert q.pending_batches == 2
+    assert q.is_duplicate("t0/p1", 14) and q.is_duplicate("t0/p2", 7)
+    assert not q.is_duplicate("t0/p1", 15)
+    assert (await q.take(12)).values == [12]
+
+
+async def test_closing_wakes_waiters_with_an_error() -> None:
+    q = JobContainer("j/t0/p0", max_records=100)
+    await q.append("c", 1, None, [1])
+    waiter = asyncio.create_task(q.wait_committed(0))
+    await asyncio.sleep(0.01)
+    await q.close()
+    with pytest.raises(ContainerClosed):
+        await waiter
+    with pytest.raises(ContainerClosed):
+        await q.append("c", 2, None, [2])

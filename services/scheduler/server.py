@@ -1,0 +1,329 @@
+"""The scheduler's gRPC face and the control logic beneath it: registration,
+heartbeats and failure detection, the routing table, and the job registry."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+
+import grpc
+
+from gridstream import rpc
+from gridstream.config import Config
+from gridstream.errors import (
+    FailedPrecondition,
+    GridstreamError,
+    InvalidArgument,
+    NotFound,
+    from_rpc_error,
+)
+from gridstream.jobspec import JobSpec, plan_tasks
+from gridstream.rpc import servicer_method
+from gridstream.v1 import (
+    common_pb2,
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    stateserver_pb2,
+    stateserver_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+from services.scheduler.jobs import JobRecord, JobRegistry
+from services.scheduler.membership import Membership, Transition
+from services.scheduler.routing import RoutingTables
+
+log = logging.getLogger(__name__)
+
+DETECTOR_TICK_S = 0.05
+_ROLES = (scheduler_pb2.MEMBER_ROLE_WORKER, scheduler_pb2.MEMBER_ROLE_STATE_SERVER)
+_STATE_NAMES = {1: "alive", 2: "suspect", 3: "dead"}
+
+
+class SchedulerCore:
+    """Everything the scheduler decides, without gRPC server plumbing."""
+
+    def __init__(self, config: Config, registry: JobRegistry, membership: Membership) -> None:
+        self.config = config
+        self.registry = registry
+        self.membership = membership
+        self.tables = RoutingTables(config.cluster.virtual_nodes)
+        self.events: collections.deque[scheduler_pb2.MemberEvent] = collections.deque(maxlen=50)
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._jobs_version = 0
+        self._saved_epoch = membership.epoch
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """A cached channel to a member."""
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = rpc.open_channel(address)
+        return channel
+
+    async def close(self) -> None:
+        """Closes member channels."""
+        for channel in self._channels.values():
+            await channel.close()
+
+    async def persist_epoch(self) -> None:
+        """Saves the epoch whenever it moved, so restarts never reuse one."""
+        if self.membership.epoch != self._saved_epoch:
+            self._saved_epoch = self.membership.epoch
+            await self.registry.save_epoch(self.membership.epoch)
+
+    def record(self, node_id: str, old: int, new: int, phi: float) -> None:
+        """Remembers a state change for `gridstream status`."""
+        self.events.append(scheduler_pb2.MemberEvent(
+            node_id=node_id, old_state=old, new_state=new,  # type: ignore[arg-type]
+            phi=phi, at=time.time(), epoch=self.membership.epoch))
+
+    # -- membership -----------------------------------------------------------
+
+    async def register(self, request: scheduler_pb2.RegisterRequest) -> int:
+        if request.role not in _ROLES:
+            raise InvalidArgument("role must be MEMBER_ROLE_WORKER or MEMBER_ROLE_STATE_SERVER")
+        if not request.node_id or not request.address or not request.incarnation:
+            raise InvalidArgument("node_id, address and incarnation must all be set")
+        old = self.membership.members.get(request.node_id)
+        old_state = old.state if old else 0
+        if self.membership.register(request.node_id, request.role, request.address,
+                                    request.incarnation, time.monotonic()):
+            self.record(request.node_id, old_state, scheduler_pb2.MEMBER_STATE_ALIVE, 0.0)
+            log.info("%s registered (%s) at %s", request.node_id,
+                     "worker" if request.role == 1 else "state server", request.address)
+            await self.registry.save_member(request.node_id, request.role, request.address,
+                                            request.incarnation)
+            await self.persist_epoch()
+        return self.membership.epoch
+
+    def apply_transitions(self, transitions: list[Transition]) -> None:
+        """Logs every detector verdict change with its phi."""
+        for t in transitions:
+            log.warning("%s: %s -> %s (phi %.2f)", t.node_id, _STATE_NAMES.get(t.old, "?"),
+                        _STATE_NAMES.get(t.new, "?"), t.phi)
+            self.record(t.node_id, t.old, t.new, t.phi)
+
+    async def detect_forever(self) -> None:
+        """The failure detector's loop; owned by the service's TaskGroup."""
+        while True:
+            await asyncio.sleep(DETECTOR_TICK_S)
+            self.apply_transitions(self.membership.check(time.monotonic()))
+            await self.persist_epoch()
+
+    def table(self) -> scheduler_pb2.RoutingTable:
+        """The routing table of the current epoch."""
+        return self.tables.build(self.membership, self.registry.running(), self._jobs_version)
+
+    def workers(self) -> list[tuple[str, str]]:
+        """(node_id, address) of live workers."""
+        return [(m.node_id, m.address)
+                for m in self.membership.live(scheduler_pb2.MEMBER_ROLE_WORKER)]
+
+    # -- jobs -------------------------------------------------------------------
+
+    def job(self, job_id: str) -> JobRecord:
+        record = self.registry.jobs.get(job_id)
+        if record is None:
+            raise NotFound(f"unknown job id {job_id!r}; list jobs with `gridstream status`")
+        return record
+
+    async def submit(self, spec_proto: common_pb2.JobSpec) -> tuple[str, int]:
+        spec = JobSpec.from_proto(spec_proto).with_defaults(
+            self.config.cluster.partitions, self.config.cluster.window_size)
+        workers = self.workers()
+        if not workers:
+            raise FailedPrecondition(
+                "no workers are registered; start workers (gridstream worker) before submitting")
+        record = self.registry.new_record(spec)
+        request = worker_pb2.DeployJobRequest(job_id=record.job_id, spec=spec.to_proto())
+
+        async def deploy(node_id: str, address: str) -> GridstreamError | None:
+            stub = worker_pb2_grpc.WorkerStub(self.channel(address))
+            try:
+                await stub.DeployJob(request, timeout=rpc.CONTROL_TIMEOUT_S)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    return from_rpc_error(exc, f"worker {node_id}")
+                log.warning("deploying %s on %s failed (%s); it will deploy from the routing "
+                            "table", record.job_id, node_id, exc.code().name)
+            return None
+
+        errors = [e for e in await asyncio.gather(*(deploy(n, a) for n, a in workers)) if e]
+        if errors:
+            record.state = common_pb2.JOB_STATE_FAILED
+            record.error = str(errors[0])
+            await self.registry.put(record)
+            await self._stop_on_workers(record.job_id)
+            raise InvalidArgument(str(errors[0]))
+        await self.registry.put(record)
+        self._jobs_version += 1
+        self.membership.bump(f"job {record.job_id} submitted")
+        await self.persist_epoch()
+        log.info("job %s submitted: %d partitions, %d stages", record.job_id, spec.partitions,
+                 len(spec.stages))
+        return record.job_id, self.membership.epoch
+
+    async def _stop_on_workers(self, job_id: str) -> None:
+        async def stop(address: str) -> None:
+            stub = worker_pb2_grpc.WorkerStub(self.channel(address))
+            try:
+                await stub.StopJob(worker_pb2.StopJobRequest(job_id=job_id),
+                                   timeout=rpc.CONTROL_TIMEOUT_S)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("stopping %s at %s failed: %s", job_id, address, exc.code().name)
+
+        await asyncio.gather(*(stop(a) for _, a in self.workers()))
+
+    async def cancel(self, job_id: str) -> JobRecord:
+        record = self.job(job_id)
+        if record.state == common_pb2.JOB_STATE_RUNNING:
+            record.state = common_pb2.JOB_STATE_CANCELLED
+            await self.registry.put(record)
+            self._jobs_version += 1
+            self.membership.bump(f"job {job_id} cancelled")
+            await self.persist_epoch()
+            await self._stop_on_workers(job_id)
+            for member in self.membership.live(scheduler_pb2.MEMBER_ROLE_STATE_SERVER):
+                stub = stateserver_pb2_grpc.StateServerStub(self.channel(member.address))
+                try:
+                    await stub.DeleteJob(stateserver_pb2.DeleteJobRequest(job_id=job_id),
+                                         timeout=rpc.CONTROL_TIMEOUT_S)
+                except grpc.aio.AioRpcError as exc:
+                    log.warning("deleting %s on %s failed: %s", job_id, member.node_id,
+                                exc.code().name)
+        return record
+
+    async def progress(self, job_id: str) -> scheduler_pb2.JobProgress:
+        """Gathers task counters from every live worker and decides if the job
+        has drained: every (task, partition) reported, all queues empty,
+        nothing in flight between tasks or to the state server."""
+        record = self.job(job_id)
+        epoch = self.membership.epoch
+        request = worker_pb2.GetTaskProgressRequest(job_id=job_id)
+        reachable = True
+
+        async def ask(address: str) -> list[common_pb2.TaskProgress]:
+            nonlocal reachable
+            stub = worker_pb2_grpc.WorkerStub(self.channel(address))
+            try:
+                response = await stub.GetTaskProgress(request, timeout=rpc.CONTROL_TIMEOUT_S)
+            except grpc.aio.AioRpcError:
+                reachable = False
+                return []
+            return list(response.tasks)
+
+        answers = await asyncio.gather(*(ask(a) for _, a in self.workers()))
+        tasks = [t for answer in answers for t in answer]
+        expected = {(t, p) for t in range(len(plan_tasks(record.spec)))
+                    for p in range(record.spec.partitions)}
+        seen: dict[tuple[int, int], common_pb2.TaskProgress] = {}
+        duplicated = False
+        for t in tasks:
+            if (t.task, t.partition) in seen:
+                duplicated = True
+            seen[(t.task, t.partition)] = t
+        drained = (
+            reachable
+            and not duplicated
+            and record.state == common_pb2.JOB_STATE_RUNNING
+            and set(seen) == expected
+            and epoch == self.membership.epoch
+            and all(
+                t.queue_batches == 0 and t.outbound_pending == 0 and t.persist_pending == 0
+                and t.records_processed == t.records_in
+                for t in seen.values()
+            )
+        )
+        return scheduler_pb2.JobProgress(job_id=job_id, tasks=tasks, drained=drained,
+                                         epoch=epoch)
+
+    def status(self) -> scheduler_pb2.ClusterStatus:
+        """Members with their shares and phi, jobs and recent events."""
+        table = self.table()
+        owned: dict[str, int] = {}
+        for job in table.jobs:
+            for owner in job.owners:
+                owned[owner] = owned.get(owner, 0) + 1
+        now = time.monotonic()
+        members = []
+        for record in sorted(self.membership.members.values(), key=lambda m: m.node_id):
+            members.append(scheduler_pb2.MemberStatus(
+                member=scheduler_pb2.Member(node_id=record.node_id,
+                                            role=record.role,  # type: ignore[arg-type]
+                                            address=record.address,
+                                            state=record.state),  # type: ignore[arg-type]
+                partitions_owned=owned.get(record.node_id, 0),
+                last_heartbeat_age_s=now - record.last_heartbeat,
+                phi=self.membership.detector.phi(record.node_id, now)))
+        return scheduler_pb2.ClusterStatus(
+            epoch=self.membership.epoch, members=members,
+            jobs=[j.to_proto() for j in self.registry.jobs.values()],
+            events=list(self.events))
+
+
+class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
+    """Thin gRPC layer over SchedulerCore."""
+
+    def __init__(self, core: SchedulerCore) -> None:
+        self.core = core
+
+    @servicer_method
+    async def Register(self, request: scheduler_pb2.RegisterRequest,
+                       context: grpc.aio.ServicerContext) -> scheduler_pb2.RegisterResponse:
+        epoch = await self.core.register(request)
+        interval_ms = int(self.core.config.cluster.heartbeat_interval_s * 1000)
+        return scheduler_pb2.RegisterResponse(epoch=epoch, heartbeat_interval_ms=interval_ms)
+
+    @servicer_method
+    async def Heartbeat(self, request: scheduler_pb2.HeartbeatRequest,
+                        context: grpc.aio.ServicerContext) -> scheduler_pb2.HeartbeatResponse:
+        known = self.core.membership.heartbeat(request.node_id, request.incarnation,
+                                               time.monotonic())
+        return scheduler_pb2.HeartbeatResponse(epoch=self.core.membership.epoch,
+                                               reregister=not known)
+
+    @servicer_method
+    async def GetRoutingTable(self, request: scheduler_pb2.GetRoutingTableRequest,
+                              context: grpc.aio.ServicerContext) -> scheduler_pb2.RoutingTable:
+        table = self.core.table()
+        if not request.job_ids:
+            return table
+        for job_id in request.job_ids:
+            self.core.job(job_id)
+        wanted = set(request.job_ids)
+        return scheduler_pb2.RoutingTable(
+            epoch=table.epoch, members=table.members,
+            jobs=[j for j in table.jobs if j.job_id in wanted])
+
+    @servicer_method
+    async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest,
+                        context: grpc.aio.ServicerContext) -> scheduler_pb2.SubmitJobResponse:
+        job_id, epoch = await self.core.submit(request.spec)
+        return scheduler_pb2.SubmitJobResponse(job_id=job_id, epoch=epoch)
+
+    @servicer_method
+    async def GetJob(self, request: scheduler_pb2.GetJobRequest,
+                     context: grpc.aio.ServicerContext) -> common_pb2.JobInfo:
+        return self.core.job(request.job_id).to_proto()
+
+    @servicer_method
+    async def ListJobs(self, request: scheduler_pb2.ListJobsRequest,
+                       context: grpc.aio.ServicerContext) -> scheduler_pb2.ListJobsResponse:
+        return scheduler_pb2.ListJobsResponse(
+            jobs=[j.to_proto() for j in self.core.registry.jobs.values()])
+
+    @servicer_method
+    async def CancelJob(self, request: scheduler_pb2.CancelJobRequest,
+                        context: grpc.aio.ServicerContext) -> common_pb2.JobInfo:
+        return (await self.core.cancel(request.job_id)).to_proto()
+
+    @servicer_method
+    async def GetJobProgress(self, request: scheduler_pb2.GetJobProgressRequest,
+                             context: grpc.aio.ServicerContext) -> scheduler_pb2.JobProgress:
+        return await self.core.progress(request.job_id)
+
+    @servicer_method
+    async def GetClusterStatus(self, request: scheduler_pb2.GetClusterStatusRequest,
+                               context: grpc.aio.ServicerContext) -> scheduler_pb2.ClusterStatus:
+        return self.core.status()

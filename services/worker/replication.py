@@ -1,0 +1,209 @@
+"""Replicated JobContainers: the seed's "queue contents are backed up on other
+nodes, so a restarted node restores its queues by JobContainerID".
+
+Primary side — :class:`Replicator`, one per container: appended batches are
+copied, in offset order and in groups, to the container's backup holders (the
+next ``backup_count`` workers on the ring after the owner). A holder that is
+new to the container first gets a full copy (``reset``). Only when every
+holder has an entry is it committed: the operator may take it and its sender
+is acknowledged.
+
+Backup side — :class:`BackupStore`: holds the copies, serves them to whoever
+takes the partition over (:meth:`WorkerNode.fetch_container`), and drops
+entries a durable window snapshot covers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from gridstream.errors import from_rpc_error
+from gridstream.v1 import worker_pb2, worker_pb2_grpc
+from services.worker.peers import Channels
+from services.worker.queues import Entry, JobContainer
+from services.worker.routing import RoutingView
+
+log = logging.getLogger(__name__)
+
+ContainerKey = tuple[str, int, int]  # (job_id, task, partition)
+REPLICATE_TIMEOUT_S = 5.0
+MAX_ENTRIES_PER_CALL = 64
+
+
+def to_log_entry(entry: Entry) -> worker_pb2.LogEntry:
+    """The wire form of a container entry."""
+    return worker_pb2.LogEntry(offset=entry.offset, channel=entry.channel,
+                               sequence=entry.sequence, batch=entry.wire())
+
+
+@dataclass
+class BackupLog:
+    """A copy of one container's log held for its primary."""
+
+    base: int = 0
+    entries: dict[int, worker_pb2.LogEntry] = field(default_factory=dict)
+    sequences: dict[str, int] = field(default_factory=dict)
+    epoch: int = 0
+    primary: str = ""
+
+    @property
+    def next_offset(self) -> int:
+        """Offset after the contiguous run of entries from ``base``."""
+        offset = self.base
+        while offset in self.entries:
+            offset += 1
+        return offset
+
+    def apply(self, request: worker_pb2.ReplicateRequest) -> int:
+        """Applies a replication; returns the contiguous end."""
+        if request.reset:
+            self.base = request.base_offset
+            self.entries = {}
+            self.sequences = dict(request.sequences)
+        for entry in request.entries:
+            if entry.offset >= self.base:
+                self.entries[entry.offset] = entry
+                if entry.sequence > self.sequences.get(entry.channel, 0):
+                    self.sequences[entry.channel] = entry.sequence
+        if request.trim_below > self.base:
+            for offset in range(self.base, min(request.trim_below, self.next_offset)):
+                self.entries.pop(offset, None)
+            self.base = min(request.trim_below, max(self.base, self.next_offset))
+        self.epoch = max(self.epoch, request.epoch)
+        self.primary = request.primary
+        return self.next_offset
+
+
+class BackupStore:
+    """Every backup copy this worker holds."""
+
+    def __init__(self) -> None:
+        self.logs: dict[ContainerKey, BackupLog] = {}
+
+    def replicate(self, request: worker_pb2.ReplicateRequest) -> int:
+        """Applies a primary's replication; refuses a primary older than one
+        already heard from (a zombie after a pause)."""
+        key = (request.job_id, request.task, request.partition)
+        backup = self.logs.get(key)
+        if backup is None:
+            backup = self.logs[key] = BackupLog()
+        if request.epoch < backup.epoch and request.primary != backup.primary:
+            from gridstream.errors import StaleEpoch
+
+            raise StaleEpoch(
+                f"stale epoch {request.epoch}: {request.primary} is no longer the primary of "
+                f"{key[0]}/t{key[1]}/p{key[2]} (epoch {backup.epoch} from {backup.primary})",
+                backup.epoch,
+            )
+        return backup.apply(request)
+
+    def drop_job(self, job_id: str) -> None:
+        """Forgets every copy of a job's containers."""
+        for key in [k for k in self.logs if k[0] == job_id]:
+            del self.logs[key]
+
+
+class Replicator:
+    """Copies one primary container's appends to its backup holders and
+    commits what they all hold."""
+
+    def __init__(
+        self,
+        key: ContainerKey,
+        container: JobContainer,
+        node_id: str,
+        routing: RoutingView,
+        channels: Channels,
+        backup_count: int,
+        trim_offset: Callable[[], int],
+    ) -> None:
+        self.key = key
+        self.container = container
+        self.node_id = node_id
+        self.routing = routing
+        self.channels = channels
+        self.backup_count = backup_count
+        self.trim_offset = trim_offset
+        self._synced: dict[str, int] = {}  # holder -> offset it holds up to
+        self._wake = asyncio.Event()
+
+    def notify(self) -> None:
+        """Something was appended (or a snapshot became durable)."""
+        self._wake.set()
+
+    def holders(self) -> list[str]:
+        """Current backup holders of this container."""
+        job_id, _, partition = self.key
+        return self.routing.backups(job_id, partition, self.backup_count)
+
+    async def run(self) -> None:
+        """Replicates until cancelled; owned by the task runner."""
+        delay = 0.02
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            # The end and the sequence map are captured together, with no await
+            # between, so a full copy never claims a sequence it does not hold.
+            end = self.container.next_offset
+            sequences = self.container.sequences()
+            holders = self.holders()
+            try:
+                await asyncio.gather(
+                    *(self._sync(holder, end, sequences) for holder in holders)
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("%s: replication failed (%s); retrying", self.container.container_id,
+                            exc)
+                self._wake.set()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                if delay >= 0.16:
+                    try:
+                        await self.routing.refresh()
+                    except Exception as refresh_error:  # scheduler briefly away
+                        log.debug("routing refresh failed: %s", refresh_error)
+                continue
+            delay = 0.02
+            for holder in list(self._synced):
+                if holder not in holders:
+                    del self._synced[holder]
+            await self.container.commit_through(end)
+            if self.container.next_offset > end:
+                self._wake.set()
+
+    async def _sync(self, holder: str, end: int, sequences: dict[str, int]) -> None:
+        address = self.routing.addresses.get(holder)
+        if address is None:
+            raise LookupError(f"no address for backup holder {holder}")
+        stub = worker_pb2_grpc.WorkerStub(self.channels.get(address))
+        job_id, task, partition = self.key
+        held = self._synced.get(holder)
+        reset = held is None
+        start = self.container.base_offset if reset else max(held or 0,
+                                                             self.container.base_offset)
+        entries = self.container.entries(start, end)
+        first = True
+        while first or entries:
+            chunk, entries = entries[:MAX_ENTRIES_PER_CALL], entries[MAX_ENTRIES_PER_CALL:]
+            request = worker_pb2.ReplicateRequest(
+                job_id=job_id, task=task, partition=partition, epoch=self.routing.epoch,
+                primary=self.node_id, reset=reset and first,
+                base_offset=self.container.base_offset,
+                sequences=sequences if reset and first else {},
+                entries=[to_log_entry(e) for e in chunk],
+                trim_below=self.trim_offset(),
+            )
+            try:
+                await stub.Replicate(request, timeout=REPLICATE_TIMEOUT_S)
+            except grpc.aio.AioRpcError as exc:
+                self._synced.pop(holder, None)
+                raise from_rpc_error(exc, f"replicating to {holder}") from None
+            first = False
+        self._synced[holder] = end
