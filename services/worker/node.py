@@ -181,11 +181,28 @@ class WorkerNode:
                     await self._stop_task(runtime, key)
         log.warning("fenced: every task stopped until the routing table says otherwise")
 
+    async def catch_up(self, epoch: int) -> None:
+        """Fetches the table of ``epoch`` and applies it. Membership changed, so
+        a backup holder may have restarted empty or been replaced: every
+        primary checks its holders now rather than at its next append."""
+        await self.routing.refresh(at_least=epoch)
+        await self.sync()
+        for runtime in self.jobs.values():
+            for runner in runtime.runners.values():
+                if runner.replicator is not None:
+                    runner.replicator.notify()
+
     async def on_epoch(self, epoch: int) -> None:
         """Called when a heartbeat reports a newer epoch."""
         if epoch > self.routing.epoch:
-            await self.routing.refresh(at_least=epoch)
-            await self.sync()
+            await self.catch_up(epoch)
+            # Membership changed: a backup holder may have restarted empty or
+            # been replaced, so every primary checks its holders now rather
+            # than at its next append.
+            for runtime in self.jobs.values():
+                for runner in runtime.runners.values():
+                    if runner.replicator is not None:
+                        runner.replicator.notify()
 
     def check_sender(self, job_id: str, sender: str, epoch: int, channels: list[str]) -> None:
         """Fencing: refuses batches from a worker that routed with an older epoch
@@ -270,8 +287,7 @@ class WorkerNode:
         """Serves a new owner: first catch up with its epoch, which stops our own
         task for the partition if we still ran it, so the log we hand over is final."""
         if epoch > self.routing.epoch:
-            await self.routing.refresh(at_least=epoch)
-            await self.sync()
+            await self.catch_up(epoch)
         runtime = self.jobs.get(key[0])
         if runtime is not None and (key[1], key[2]) in runtime.runners:
             return [worker_pb2.ContainerChunk(found=False)]

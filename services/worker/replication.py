@@ -16,6 +16,7 @@ entries a durable window snapshot covers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,9 +72,11 @@ class BackupLog:
                 if entry.sequence > self.sequences.get(entry.channel, 0):
                     self.sequences[entry.channel] = entry.sequence
         if request.trim_below > self.base:
-            for offset in range(self.base, min(request.trim_below, self.next_offset)):
+            # Only a contiguous prefix may go: compute its end before dropping.
+            new_base = min(request.trim_below, self.next_offset)
+            for offset in range(self.base, new_base):
                 self.entries.pop(offset, None)
-            self.base = min(request.trim_below, max(self.base, self.next_offset))
+            self.base = new_base
         self.epoch = max(self.epoch, request.epoch)
         self.primary = request.primary
         return self.next_offset
@@ -130,6 +133,7 @@ class Replicator:
         self.backup_count = backup_count
         self.trim_offset = trim_offset
         self._synced: dict[str, int] = {}  # holder -> offset it holds up to
+        self.synced_epoch = 0
         self._wake = asyncio.Event()
 
     def notify(self) -> None:
@@ -142,11 +146,14 @@ class Replicator:
         return self.routing.backups(job_id, partition, self.backup_count)
 
     async def run(self) -> None:
-        """Replicates until cancelled; owned by the task runner."""
+        """Replicates until cancelled; owned by the task runner. Every round
+        contacts every holder, even with nothing new to send, so a holder
+        that lost its copy is found out and sent a full one."""
         delay = 0.02
         while True:
             await self._wake.wait()
             self._wake.clear()
+            epoch = self.routing.epoch
             # The end and the sequence map are captured together, with no await
             # between, so a full copy never claims a sequence it does not hold.
             end = self.container.next_offset
@@ -161,8 +168,10 @@ class Replicator:
             except Exception as exc:
                 log.warning("%s: replication failed (%s); retrying", self.container.container_id,
                             exc)
+                # Back off, but wake at once when the membership changes.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), delay)
                 self._wake.set()
-                await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
                 if delay >= 0.16:
                     try:
@@ -174,6 +183,7 @@ class Replicator:
             for holder in list(self._synced):
                 if holder not in holders:
                     del self._synced[holder]
+            self.synced_epoch = max(self.synced_epoch, epoch)
             await self.container.commit_through(end)
             if self.container.next_offset > end:
                 self._wake.set()
@@ -190,6 +200,7 @@ class Replicator:
                                                              self.container.base_offset)
         entries = self.container.entries(start, end)
         first = True
+        response = worker_pb2.ReplicateResponse()
         while first or entries:
             chunk, entries = entries[:MAX_ENTRIES_PER_CALL], entries[MAX_ENTRIES_PER_CALL:]
             request = worker_pb2.ReplicateRequest(
@@ -201,9 +212,14 @@ class Replicator:
                 trim_below=self.trim_offset(),
             )
             try:
-                await stub.Replicate(request, timeout=REPLICATE_TIMEOUT_S)
+                response = await stub.Replicate(request, timeout=REPLICATE_TIMEOUT_S)
             except grpc.aio.AioRpcError as exc:
                 self._synced.pop(holder, None)
                 raise from_rpc_error(exc, f"replicating to {holder}") from None
             first = False
+        if response.next_offset < end:
+            # The holder lost its copy (it restarted): send it a full copy.
+            self._synced.pop(holder, None)
+            raise LookupError(f"{holder} holds {self.container.container_id} only up to "
+                              f"{response.next_offset}, not {end}; resending in full")
         self._synced[holder] = end

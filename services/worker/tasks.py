@@ -162,7 +162,7 @@ class TaskRunner:
             offset = int(saved["offset"])
             in_sequences = dict(saved["in_sequences"])
             self.durable_offset = offset
-        if fetched is not None:
+        if fetched is not None and fetched[0] + len(fetched[2]) >= offset:
             base, sequences, entries = fetched
             merged = {**in_sequences}
             for channel, seq in sequences.items():
@@ -173,6 +173,10 @@ class TaskRunner:
                 offset = base
             self.container.restore(base, merged, entries, offset)
         elif snapshot is not None:
+            if fetched is not None:
+                log.warning("%s: the fullest log copy ends at %d, before the snapshot's offset "
+                            "%d; resuming at the snapshot", self.operator_id,
+                            fetched[0] + len(fetched[2]), offset)
             self.container.restore(offset, in_sequences, [], offset)
         if self.spec.delivery == "at_most_once":
             offset = max(offset, self.container.next_offset)
@@ -181,8 +185,10 @@ class TaskRunner:
         self.recovered_batches = self.container.next_offset - offset
         self.recovery_seconds = time.monotonic() - started
         if snapshot is not None or fetched is not None:
-            log.info("%s restored: snapshot window %s, offset %d, %d batches to replay "
-                     "(%.3fs)", self.operator_id, snapshot[0] if snapshot else None, offset,
+            log.info("%s restored: snapshot window %s, offset %d; log %s; %d batches to "
+                     "replay (%.3fs)", self.operator_id, snapshot[0] if snapshot else None,
+                     offset, None if fetched is None else
+                     f"{fetched[0]}..{fetched[0] + len(fetched[2])}",
                      self.recovered_batches, self.recovery_seconds)
 
     # -- input ---------------------------------------------------------------
@@ -298,4 +304,10 @@ class TaskRunner:
             persist_pending=self.persister.pending + len(self._rows) + len(self._dead),
             dead_letters=self.dead_letters,
             node_id=node_id,
+            replicated_epoch=(self.replicator.synced_epoch if self.replicator is not None
+                              else self.epoch_now()),
         )
+
+    def epoch_now(self) -> int:
+        """The worker's current routing epoch."""
+        return self.state_client.routing.epoch
