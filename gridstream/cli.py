@@ -112,7 +112,8 @@ async def _up(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    cluster = LocalCluster(args.run_dir, config, args.workers, args.state_servers, port)
+    cluster = LocalCluster(args.run_dir, config, args.workers, args.state_servers, port,
+                           supervise=True, restart_delay_s=args.restart_delay)
     async with cluster:
         print(f"gridstream cluster up: scheduler {cluster.scheduler_address}")
         for member in cluster.members.values():
@@ -140,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--state-servers", type=int, default=2,
                     help="number of state servers (default 2)")
     up.add_argument("--port", type=int, help="scheduler port (default: from scheduler_address)")
+    up.add_argument("--restart-delay", type=float, default=1.0,
+                    help="seconds before a member that exited is restarted (default 1)")
     up.add_argument("--run-dir", default=".gridstream/local",
                     help="directory for logs, ready files and data (default .gridstream/local)")
     up.set_defaults(run=_up)
@@ -184,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--config", help="TOML config file")
     demo.set_defaults(run=_demo)
 
+    chaos = sub.add_parser("chaos", help="kill or pause workers during a job; check results",
+                           add_help=False)
+    chaos.add_argument("args", nargs=argparse.REMAINDER)
+    chaos.set_defaults(chaos=True)
+
     config = sub.add_parser("config", help="configuration tools")
     config_sub = config.add_subparsers(dest="config_command", required=True)
     show = config_sub.add_parser("show", help="print the effective configuration as TOML")
@@ -197,6 +205,10 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in SERVICES:
         os.execv(sys.executable, [sys.executable, "-m", SERVICES[argv[0]], *argv[1:]])
+    if argv and argv[0] == "chaos":
+        from gridstream.chaos import main as chaos_main
+
+        sys.exit(chaos_main(argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         if getattr(args, "show", False):

@@ -86,7 +86,12 @@ class LocalCluster:
         scheduler_port: int = 0,
         host: str = "127.0.0.1",
         extra_env: dict[str, str] | None = None,
+        supervise: bool = False,
+        restart_delay_s: float = 0.5,
     ) -> None:
+        """``supervise`` restarts any member that exits on its own, after
+        ``restart_delay_s`` (like systemd's ``Restart=always`` and ``RestartSec``);
+        members stopped through :meth:`stop` are not restarted."""
         self.run_dir = Path(run_dir).resolve()
         self.config = config or Config()
         self.worker_count = workers
@@ -97,6 +102,13 @@ class LocalCluster:
         self.members: dict[str, MemberProcess] = {}
         self.scheduler_address = ""
         self.config_path = self.run_dir / "cluster.toml"
+        self.supervise = supervise
+        self.restart_delay_s = restart_delay_s
+        self.restart_log: list[tuple[str, float, float]] = []
+        """(member, monotonic time its exit was noticed, monotonic time it was ready again)."""
+        self._supervisor: asyncio.Task[None] | None = None
+        self._paused: set[str] = set()
+        self._stopping = False
 
     # -- process control ----------------------------------------------------
 
@@ -160,6 +172,9 @@ class LocalCluster:
         self._spawn(scheduler)
         await self._await_ready(scheduler)
         self.scheduler_address = scheduler.address
+        # A restarted scheduler must come back on the same port: members know it.
+        port = self.scheduler_address.rsplit(":", 1)[1]
+        scheduler.argv[scheduler.argv.index("--port") + 1] = port
         self.config = replace(self.config, scheduler_address=self.scheduler_address)
         self.config_path.write_text(to_toml(self.config))
         others = []
@@ -180,7 +195,39 @@ class LocalCluster:
             self._spawn(member)
         await asyncio.gather(*(self._await_ready(m) for m in others))
         await self.wait_registered()
+        if self.supervise:
+            self._supervisor = asyncio.create_task(self._supervise(), name="supervisor")
         return self
+
+    async def _supervise(self) -> None:
+        """Restarts members that exit on their own (owned by this cluster,
+        cancelled and awaited in :meth:`stop`)."""
+        while True:
+            await asyncio.sleep(0.05)
+            for member in list(self.members.values()):
+                if member.alive() or member.name in self._paused or self._stopping:
+                    continue
+                noticed = time.monotonic()
+                log.warning("%s exited with %s; restarting in %.1fs", member.name,
+                            member.process.returncode if member.process else "?",
+                            self.restart_delay_s)
+                await asyncio.sleep(self.restart_delay_s)
+                if self._stopping:
+                    return
+                try:
+                    await self.restart(member.name)
+                except Exception:
+                    log.exception("restarting %s failed; will retry", member.name)
+                    continue
+                self.restart_log.append((member.name, noticed, time.monotonic()))
+
+    def hold(self, name: str) -> None:
+        """Keeps the supervisor from restarting a member until :meth:`release`."""
+        self._paused.add(name)
+
+    def release(self, name: str) -> None:
+        """Lets the supervisor restart a member again."""
+        self._paused.discard(name)
 
     async def wait_registered(self, timeout_s: float = 30.0) -> None:
         """Waits until the scheduler lists every started worker and state server."""
@@ -229,6 +276,12 @@ class LocalCluster:
     async def stop(self, timeout_s: float = 15.0) -> dict[str, int | None]:
         """SIGTERM to every member (workers first), then SIGKILL to stragglers.
         Returns each member's exit code."""
+        self._stopping = True
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._supervisor
+            self._supervisor = None
         order = sorted(self.members.values(),
                        key=lambda m: {"worker": 0, "stateserver": 1, "scheduler": 2}[m.role])
         codes: dict[str, int | None] = {}
@@ -236,6 +289,7 @@ class LocalCluster:
             members = [m for m in order if m.role == group and m.alive()]
             for member in members:
                 with contextlib.suppress(ProcessLookupError):
+                    os.kill(member.pid, signal.SIGCONT)
                     os.kill(member.pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
             for member in members:

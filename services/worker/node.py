@@ -261,12 +261,18 @@ class WorkerNode:
         """The committed log of a container held here: a retired primary copy
         (handoff) or a backup copy; an empty answer if neither."""
         retired = self.retired.get(key)
+        backup = self.backups.logs.get(key)
+        if retired is not None and backup is not None and backup.next_offset > (
+            retired.committed_offset
+        ):
+            # A partition can move away and come back: our retired copy is then
+            # older than the backup copy we have been holding since.
+            retired = None
         if retired is not None:
             end = retired.committed_offset
             entries = [to_log_entry(e) for e in retired.entries(retired.base_offset, end)]
-            base, sequences, primary = retired.base_offset, retired.sequences(), True
+            base, sequences, primary = retired.base_offset, retired.committed_sequences(), True
         else:
-            backup = self.backups.logs.get(key)
             if backup is None:
                 return [worker_pb2.ContainerChunk(found=False)]
             end = backup.next_offset

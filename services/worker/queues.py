@@ -38,6 +38,8 @@ class Entry:
     batch: common_pb2.RecordBatch | None = field(default=None, repr=False)
     """The wire form, kept when the batch arrived over gRPC so replication
     does not encode it again."""
+    previous_sequence: int = 0
+    """The channel's highest sequence before this batch, to roll back to."""
 
     @property
     def count(self) -> int:
@@ -119,6 +121,18 @@ class JobContainer:
         """Highest accepted sequence per channel."""
         return dict(self._last_sequence)
 
+    def committed_sequences(self) -> dict[str, int]:
+        """Highest sequence per channel among committed batches only: what a
+        new owner may treat as already received. Uncommitted batches were never
+        acknowledged, so their senders will send them again."""
+        sequences = dict(self._last_sequence)
+        for entry in reversed(self.entries(self._committed, self._next_offset)):
+            if entry.previous_sequence:
+                sequences[entry.channel] = entry.previous_sequence
+            else:
+                sequences.pop(entry.channel, None)
+        return sequences
+
     def entries(self, start: int, end: int) -> list[Entry]:
         """Retained entries with offsets in [start, end)."""
         start = max(start, self._base)
@@ -160,7 +174,8 @@ class JobContainer:
                 if self.is_duplicate(channel, sequence):
                     return False, self._last_offset.get(channel, -1)
             offset = self._next_offset
-            self._entries.append(Entry(offset, channel, sequence, keys, values, batch))
+            self._entries.append(Entry(offset, channel, sequence, keys, values, batch,
+                                       self._last_sequence.get(channel, 0)))
             self._next_offset += 1
             self._unconsumed_records += len(values)
             self._last_sequence[channel] = sequence

@@ -162,6 +162,10 @@ class TaskRunner:
             offset = int(saved["offset"])
             in_sequences = dict(saved["in_sequences"])
             self.durable_offset = offset
+        # Window numbers are unique per owner: an owner that took over at epoch e
+        # numbers from e << 20, so a late write from the previous owner (still in
+        # flight when it handed over) can never take the place of one of ours.
+        self.window.window = max(self.window.window, self.epoch << 20)
         if fetched is not None and fetched[0] + len(fetched[2]) >= offset:
             base, sequences, entries = fetched
             merged = {**in_sequences}
@@ -184,12 +188,11 @@ class TaskRunner:
         self.latest.offset = offset
         self.recovered_batches = self.container.next_offset - offset
         self.recovery_seconds = time.monotonic() - started
-        if snapshot is not None or fetched is not None:
-            log.info("%s restored: snapshot window %s, offset %d; log %s; %d batches to "
-                     "replay (%.3fs)", self.operator_id, snapshot[0] if snapshot else None,
-                     offset, None if fetched is None else
-                     f"{fetched[0]}..{fetched[0] + len(fetched[2])}",
-                     self.recovered_batches, self.recovery_seconds)
+        log.info("%s started: snapshot window %s, offset %d; log copy %s; %d batches to "
+                 "replay (%.3fs)", self.operator_id, snapshot[0] if snapshot else None,
+                 offset, None if fetched is None else
+                 f"{fetched[0]}..{fetched[0] + len(fetched[2])}",
+                 self.recovered_batches, self.recovery_seconds)
 
     # -- input ---------------------------------------------------------------
 

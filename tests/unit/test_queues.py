@@ -95,3 +95,14 @@ async def test_closing_wakes_waiters_with_an_error() -> None:
         await waiter
     with pytest.raises(ContainerClosed):
         await q.append("c", 2, None, [2])
+
+
+async def test_committed_sequences_leave_out_unacknowledged_batches() -> None:
+    q = JobContainer("j/t0/p0", max_records=100)
+    await q.append("src/a", 1, None, [1])
+    await q.append("src/b", 1, None, [2])
+    await q.commit_through(2)
+    await q.append("src/a", 2, None, [3])  # never committed: its sender will resend it
+    await q.append("src/c", 1, None, [4])
+    assert q.sequences() == {"src/a": 2, "src/b": 1, "src/c": 1}
+    assert q.committed_sequences() == {"src/a": 1, "src/b": 1}
