@@ -25,6 +25,7 @@ from typing import Any
 from gridstream.client import Client
 from gridstream.config import Config, load_config
 from gridstream.demo import compare, workload
+from gridstream.errors import DeadlineExceeded, Unavailable
 from gridstream.local import LocalCluster
 from gridstream.v1 import scheduler_pb2
 
@@ -88,20 +89,29 @@ async def wait_healthy(client: Client, job_id: str, workers: int,
     container fully replicated at the current epoch; returns the seconds waited."""
     started = time.monotonic()
     while True:
-        status = await client.status()
-        alive = [m for m in status.members
-                 if m.member.role == WORKER and m.member.state == scheduler_pb2.MEMBER_STATE_ALIVE]
-        if len(alive) == workers:
-            progress = await client.progress(job_id)
-            info = await client.job(job_id)
-            expected = info.spec.partitions * len({t.task for t in progress.tasks} or {0})
-            keys = {(t.task, t.partition) for t in progress.tasks}
-            if (len(progress.tasks) == len(keys) == expected
-                    and all(t.replicated_epoch >= status.epoch for t in progress.tasks)):
-                return time.monotonic() - started
+        try:
+            healthy = await _healthy(client, job_id, workers)
+        except (Unavailable, DeadlineExceeded):  # the scheduler itself may be restarting
+            healthy = False
+        if healthy:
+            return time.monotonic() - started
         if time.monotonic() - started > timeout_s:
             raise TimeoutError(f"cluster not healthy after {timeout_s:.0f}s")
         await asyncio.sleep(0.05)
+
+
+async def _healthy(client: Client, job_id: str, workers: int) -> bool:
+    status = await client.status()
+    alive = [m for m in status.members
+             if m.member.role == WORKER and m.member.state == scheduler_pb2.MEMBER_STATE_ALIVE]
+    if len(alive) == workers:
+        progress = await client.progress(job_id)
+        info = await client.job(job_id)
+        expected = info.spec.partitions * len({t.task for t in progress.tasks} or {0})
+        keys = {(t.task, t.partition) for t in progress.tasks}
+        return (len(progress.tasks) == len(keys) == expected
+                and all(t.replicated_epoch >= status.epoch for t in progress.tasks))
+    return False
 
 
 async def detection_time(client: Client, victim: str, since_wall: float,
@@ -110,7 +120,11 @@ async def detection_time(client: Client, victim: str, since_wall: float,
     if it came back (a new incarnation) before being declared."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        status = await client.status()
+        try:
+            status = await client.status()
+        except (Unavailable, DeadlineExceeded):
+            await asyncio.sleep(0.05)
+            continue
         for event in status.events:
             if event.node_id == victim and event.at >= since_wall and event.new_state == DEAD:
                 return event.at - since_wall

@@ -8,11 +8,13 @@ stores nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import grpc
 
 from gridstream.errors import InvalidArgument, ResourceExhausted
+from gridstream.faults import write_delay_s
 from gridstream.rpc import servicer_method
 from gridstream.v1 import stateserver_pb2 as pb
 from gridstream.v1 import stateserver_pb2_grpc
@@ -47,6 +49,13 @@ def _meta_to_pb(meta: SnapshotMeta) -> pb.SnapshotMeta:
     )
 
 
+async def _injected_delay() -> None:
+    """A slow replica, for tests: GRIDSTREAM_FAULT_WRITE_DELAY_S (off by default)."""
+    delay = write_delay_s()
+    if delay:
+        await asyncio.sleep(delay)
+
+
 class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
     """Serves stateserver.proto over a :class:`SnapshotStore`.
 
@@ -69,6 +78,7 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
         self, request: pb.PutSnapshotRequest, context: grpc.aio.ServicerContext
     ) -> pb.PutSnapshotResponse:
         """Stores a window snapshot after checking ids, size and checksum."""
+        await _injected_delay()
         meta = request.meta
         _require(meta.job_id, "meta.job_id")
         _require(meta.operator_id, "meta.operator_id")
@@ -129,6 +139,7 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
         self, request: pb.WriteResultsRequest, context: grpc.aio.ServicerContext
     ) -> pb.WriteResultsResponse:
         """Upserts result rows and dead letters; durable when the response is sent."""
+        await _injected_delay()
         _require(request.job_id, "job_id")
         _require(request.operator_id, "operator_id")
         rows = decode_rows(request.rows, request.row_count)

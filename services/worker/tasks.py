@@ -30,6 +30,7 @@ from typing import Any
 
 from gridstream import codec
 from gridstream.errors import GridstreamError
+from gridstream.faults import crash_point
 from gridstream.ids import container_id, key_text, operator_id, task_channel
 from gridstream.jobspec import JobSpec, Stage, resolve
 from gridstream.v1 import common_pb2
@@ -77,6 +78,7 @@ class TaskRunner:
         self.task_index = task_index
         self.partition = partition
         self.key = (job_id, task_index, partition)
+        self.node_id = node_id
         self.operator_id = operator_id(job_id, task_index, partition)
         self.container = JobContainer(
             container_id(job_id, task_index, partition), max_records,
@@ -235,6 +237,7 @@ class TaskRunner:
                 segments = self.shuffle.split(result.values, batch_id, dead)
                 self.outbound_pending = len(segments)
                 await self.shuffle.deliver(segments)
+                crash_point(self.node_id, "after_emit")
                 self.outbound_pending = 0
                 self.records_out += sum(len(s.values) for s in segments)
             self.latest.finish(offset + 1)
@@ -282,9 +285,16 @@ class TaskRunner:
                 )
 
     async def _write_snapshot(self, snapshot: PendingSnapshot) -> None:
-        await self.state_client.put_snapshot(
+        write = asyncio.ensure_future(self.state_client.put_snapshot(
             self.job_id, self.operator_id, snapshot.window, self.epoch, snapshot.payload
-        )
+        ))
+        try:
+            await asyncio.sleep(0)  # the request is on its way
+            crash_point(self.node_id, "window_persist")
+            await write
+        finally:
+            if not write.done():
+                write.cancel()
 
     def _durable(self, offset: int) -> None:
         self.durable_offset = max(self.durable_offset, offset)
