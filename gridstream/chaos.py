@@ -55,6 +55,8 @@ class ChaosReport:
     unexpected: int = 0
     different: int = 0
     seconds: float = 0.0
+    actual: dict[str, Any] = field(default_factory=dict, repr=False)
+    expected: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def match(self) -> bool:
@@ -210,20 +212,23 @@ async def run_chaos(
     run_dir: str | Path | None = None,
     config: Config | None = None,
     delivery: str = "exactly_once",
+    extra_env: dict[str, str] | None = None,
+    chunk: int = 5_000,
 ) -> ChaosReport:
     """A whole chaos run on a fresh local cluster."""
     spec, keys, values, expected, units, _ = workload(name, records)
     spec = replace(spec, delivery=delivery)
     directory = Path(run_dir or tempfile.mkdtemp(prefix=f"gridstream-chaos-{name}-"))
     cluster = LocalCluster(directory, config, workers=workers, state_servers=2,
-                           supervise=True, restart_delay_s=2.0)
+                           supervise=True, restart_delay_s=2.0, extra_env=extra_env)
     report = ChaosReport(name, len(values))
+    report.actual, report.expected = {}, expected
     async with cluster, Client(cluster.scheduler_address) as client:
         job_id = await client.submit(spec)
         monkey = ChaosMonkey(cluster, client, job_id, interval_s=interval_s,
                              kinds=list(kinds), pause_s=pause_s, seed=seed)
         started = time.monotonic()
-        sender = asyncio.create_task(stream(client, job_id, keys, values, stream_s))
+        sender = asyncio.create_task(stream(client, job_id, keys, values, stream_s, chunk))
         try:
             report.faults = await monkey.run(faults)
             await sender
@@ -233,6 +238,7 @@ async def run_chaos(
         await client.drain(job_id, timeout_s=120)
         report.seconds = time.monotonic() - started
         actual = await client.results(job_id)
+    report.actual = actual
     report.missing, report.unexpected, report.different = compare(actual, expected)
     del units
     return report

@@ -294,10 +294,16 @@ class WorkerNode:
         task for the partition if we still ran it, so the log we hand over is final."""
         if epoch > self.routing.epoch:
             await self.catch_up(epoch)
-        runtime = self.jobs.get(key[0])
-        if runtime is not None and (key[1], key[2]) in runtime.runners:
-            return [worker_pb2.ContainerChunk(found=False)]
-        return self.container_log(key)
+        async with self._sync_lock:  # a sync in progress finishes first
+            runtime = self.jobs.get(key[0])
+            if runtime is not None and (key[1], key[2]) in runtime.runners:
+                if self.routing.owner(key[0], key[2]) == self.node_id:
+                    # We still own it at our epoch: the asker is not the owner.
+                    return [worker_pb2.ContainerChunk(found=False)]
+                # Moved away but not yet stopped: stop it now, so nothing more is
+                # committed after the new owner has read the log.
+                await self._stop_task(runtime, (key[1], key[2]))
+            return self.container_log(key)
 
     async def _fetch_from(self, node: str, key: ContainerKey) -> FetchedLog | None:
         address = self.routing.addresses.get(node)
