@@ -39,6 +39,7 @@ unit: setup
 
 bench: setup
 	$(PY) bench/throughput.py
+	$(PY) bench/recovery.py
 
 clean:
 	rm -rf $(VENV) gridstream/v1/*_pb2*.py gridstream/v1/*_pb2*.pyi $(GEN)

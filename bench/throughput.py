@@ -1,10 +1,12 @@
-"""End-to-end throughput of the local cluster against a single-process run.
+"""End-to-end throughput of the local cluster, exactly-once on and off, next to
+a single-process run of the same computation.
 
 Runs wordcount (900,000 words) and taxi (1,000,000 records) on one local
-cluster (1 scheduler, 3 workers, 2 state servers, all on this machine), each
-``--runs`` times, and prints the median records/s next to a single-process
-pure-Python run of the same computation. Writes a table and a PNG plot to
-``bench/out/``.
+cluster (1 scheduler, 3 workers, 2 state servers, all on this machine),
+alternating delivery modes within each round so the ratio is measured under
+the same conditions: ``exactly_once`` (replicated JobContainers, dedupe) and
+``at_most_once`` (no replication). Prints medians of ``--runs`` rounds and
+writes ``bench/out/throughput.txt`` and ``bench/out/throughput.png``.
 
     .venv/bin/python bench/throughput.py [--runs 3] [--taxi 1000000] [--words 900000]
 """
@@ -27,6 +29,8 @@ from gridstream.examples import taxi, wordcount
 from gridstream.local import LocalCluster
 
 OUT = Path(__file__).resolve().parent / "out"
+MODES = ("exactly_once", "at_most_once")
+TARGETS = {"wordcount": 600_000, "taxi": 170_000}
 
 
 def single_process(name: str, size: int) -> float:
@@ -42,66 +46,72 @@ def single_process(name: str, size: int) -> float:
     return size / (time.perf_counter() - started)
 
 
-async def cluster_runs(sizes: dict[str, int], runs: int) -> dict[str, list[float]]:
-    rates: dict[str, list[float]] = {name: [] for name in sizes}
+async def cluster_runs(sizes: dict[str, int], runs: int) -> dict[tuple[str, str], list[float]]:
+    rates: dict[tuple[str, str], list[float]] = {(n, m): [] for n in sizes for m in MODES}
     with tempfile.TemporaryDirectory(prefix="gridstream-bench-") as run_dir:
         async with LocalCluster(run_dir, Config(), workers=3, state_servers=2) as cluster:
             for i in range(runs):
                 for name, size in sizes.items():
-                    report = await run_on(cluster.scheduler_address, name, size)
-                    if not report.match:
-                        raise SystemExit(f"run {i} of {name} did not match the reference: "
-                                         f"{report.summary()}")
-                    rates[name].append(report.rate)
-                    print(f"  run {i + 1}: {report.summary()}", flush=True)
+                    for mode in MODES:
+                        report = await run_on(cluster.scheduler_address, name, size,
+                                              delivery=mode)
+                        if not report.match:
+                            raise SystemExit(f"{name}/{mode} did not match: {report.summary()}")
+                        rates[(name, mode)].append(report.rate)
+                        print(f"  round {i + 1} {mode:<13} {report.summary()}", flush=True)
     return rates
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--taxi", type=int, default=1_000_000, help="taxi records")
     parser.add_argument("--words", type=int, default=900_000, help="wordcount words")
     args = parser.parse_args()
     sizes = {"wordcount": args.words, "taxi": args.taxi}
-    print(f"cluster runs (median of {args.runs}):", flush=True)
+    print(f"cluster runs ({args.runs} rounds):", flush=True)
     rates = asyncio.run(cluster_runs(sizes, args.runs))
     baseline = {name: statistics.median(single_process(name, size) for _ in range(args.runs))
                 for name, size in sizes.items()}
-    targets = {"wordcount": 600_000, "taxi": 170_000}
-    rows = []
-    header = (f"{'workload':<10}{'size':>11}{'cluster/s (median)':>20}{'min':>11}{'max':>11}"
-              f"{'1 process/s':>13}{'target/s':>10}")
+    header = (f"{'workload':<10}{'size':>11}{'exactly-once/s':>16}{'off/s':>12}{'ratio':>8}"
+              f"{'min e-o/s':>12}{'max e-o/s':>12}{'1 process/s':>13}{'target/s':>10}")
+    rows = [header]
     for name, size in sizes.items():
-        med = statistics.median(rates[name])
-        rows.append(f"{name:<10}{size:>11,}{med:>20,.0f}{min(rates[name]):>11,.0f}"
-                    f"{max(rates[name]):>11,.0f}{baseline[name]:>13,.0f}{targets[name]:>10,}")
-    table = "\n".join([header, *rows])
+        on = statistics.median(rates[(name, "exactly_once")])
+        off = statistics.median(rates[(name, "at_most_once")])
+        ratios = [a / b for a, b in zip(rates[(name, "exactly_once")],
+                                        rates[(name, "at_most_once")], strict=True)]
+        rows.append(f"{name:<10}{size:>11,}{on:>16,.0f}{off:>12,.0f}"
+                    f"{statistics.median(ratios):>8.2f}{min(rates[(name, 'exactly_once')]):>12,.0f}"
+                    f"{max(rates[(name, 'exactly_once')]):>12,.0f}{baseline[name]:>13,.0f}"
+                    f"{TARGETS[name]:>10,}")
+    table = "\n".join(rows)
     print("\n" + table)
     OUT.mkdir(exist_ok=True)
     (OUT / "throughput.txt").write_text(table + "\n")
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-        names = list(sizes)
-        fig, ax = plt.subplots(figsize=(7, 4))
-        xs = range(len(names))
-        ax.bar([x - 0.27 for x in xs], [statistics.median(rates[n]) for n in names], 0.27,
-               label="gridstream cluster (3 workers)")
-        ax.bar(list(xs), [baseline[n] for n in names], 0.27, label="single process")
-        ax.bar([x + 0.27 for x in xs], [targets[n] for n in names], 0.27, label="target")
-        ax.set_xticks(list(xs), names)
-        ax.set_ylabel("records (words) per second")
-        ax.set_title("End-to-end throughput on 2 cores")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(OUT / "throughput.png", dpi=100)
-        print(f"plot: {OUT / 'throughput.png'}")
-    except ImportError:
-        print("matplotlib not installed; no plot")
+    names = list(sizes)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.2
+    series = [
+        ("exactly-once", [statistics.median(rates[(n, "exactly_once")]) for n in names]),
+        ("at-most-once", [statistics.median(rates[(n, "at_most_once")]) for n in names]),
+        ("single process", [baseline[n] for n in names]),
+        ("target", [TARGETS[n] for n in names]),
+    ]
+    for i, (label, values) in enumerate(series):
+        ax.bar([x + (i - 1.5) * width for x in range(len(names))], values, width, label=label)
+    ax.set_xticks(list(range(len(names))), names)
+    ax.set_ylabel("records (words) per second")
+    ax.set_title("End-to-end throughput, 3 workers on 2 cores (median)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(OUT / "throughput.png", dpi=100)
+    print(f"plot: {OUT / 'throughput.png'}")
 
 
 if __name__ == "__main__":

@@ -12,13 +12,14 @@ import asyncio
 import os
 import signal
 import sys
+import time
 
 from gridstream.config import ConfigError, load_config, to_toml
 from gridstream.errors import GridstreamError
 
 SERVICES = {"scheduler": "services.scheduler", "worker": "services.worker",
             "stateserver": "services.stateserver"}
-STATE_NAMES = {0: "?", 1: "alive", 2: "suspect", 3: "dead"}
+STATE_NAMES = {0: "new", 1: "alive", 2: "suspect", 3: "dead"}
 ROLE_NAMES = {0: "?", 1: "worker", 2: "stateserver"}
 JOB_STATES = {0: "?", 1: "running", 2: "cancelled", 3: "failed"}
 
@@ -42,11 +43,17 @@ async def _status(args: argparse.Namespace) -> int:
         status = await client.status()
         print(f"epoch {status.epoch}")
         print(f"{'member':<14}{'role':<13}{'state':<9}{'address':<22}{'partitions':>10}"
-              f"{'heartbeat age':>15}")
+              f"{'heartbeat age':>15}{'phi':>7}")
         for m in status.members:
             print(f"{m.member.node_id:<14}{ROLE_NAMES.get(m.member.role, '?'):<13}"
                   f"{STATE_NAMES.get(m.member.state, '?'):<9}{m.member.address:<22}"
-                  f"{m.partitions_owned:>10}{m.last_heartbeat_age_s:>14.2f}s")
+                  f"{m.partitions_owned:>10}{m.last_heartbeat_age_s:>14.2f}s{m.phi:>7.2f}")
+        if status.events:
+            print("\nrecent membership changes:")
+            for e in list(status.events)[-10:]:
+                when = time.strftime("%H:%M:%S", time.localtime(e.at))
+                print(f"  {when} {e.node_id}: {STATE_NAMES.get(e.old_state, 'new')} -> "
+                      f"{STATE_NAMES.get(e.new_state, '?')} (phi {e.phi:.1f}, epoch {e.epoch})")
         print(f"\n{'job':<28}{'state':<11}{'partitions':>10}  error")
         for job in status.jobs:
             print(f"{job.job_id:<28}{JOB_STATES.get(job.state, '?'):<11}"

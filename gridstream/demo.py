@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +78,11 @@ def workload(
     raise ValueError(f"unknown demo {name!r}; choose taxi or wordcount")
 
 
-async def run_on(scheduler: str, name: str, records: int, batch_size: int = 5_000) -> DemoReport:
+async def run_on(scheduler: str, name: str, records: int, batch_size: int = 5_000,
+                 delivery: str = "exactly_once") -> DemoReport:
     """Runs a workload against a running cluster and checks it."""
     spec, keys, data, expected, units_count, units = workload(name, records)
+    spec = replace(spec, delivery=delivery)
     async with Client(scheduler, batch_size=batch_size) as client:
         job_id = await client.submit(spec)
         started = time.monotonic()
