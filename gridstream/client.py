@@ -76,7 +76,7 @@ class Client:
         self.batch_size = batch_size
         self.channel_name = f"src/{producer_id or uuid.uuid4().hex}"
         self.send_timeout_s = send_timeout_s
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = rpc.ChannelPool()
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel(scheduler))
         self._table = scheduler_pb2.RoutingTable()
         self._sequences: dict[tuple[str, int], int] = {}
@@ -91,15 +91,10 @@ class Client:
 
     async def close(self) -> None:
         """Closes every channel."""
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await self._channels.close()
 
     def _channel(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = rpc.open_channel(address)
-        return channel
+        return self._channels.get(address)
 
     async def _call(self, what: str, call: Any, request: Any, deadline_s: float) -> Any:
         try:

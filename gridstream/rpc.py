@@ -53,6 +53,27 @@ def open_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
 
 
+class ChannelPool:
+    """One channel per peer address, opened on first use and closed together:
+    gRPC multiplexes every call to a peer over it."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def get(self, address: str) -> grpc.aio.Channel:
+        """The channel to an address."""
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = open_channel(address)
+        return channel
+
+    async def close(self) -> None:
+        """Closes every channel."""
+        channels, self._channels = self._channels, {}
+        for channel in channels.values():
+            await channel.close()
+
+
 _F = TypeVar("_F", bound=Callable[..., Awaitable[Any]])
 
 

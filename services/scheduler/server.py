@@ -50,21 +50,17 @@ class SchedulerCore:
         self.membership = membership
         self.tables = RoutingTables(config.cluster.virtual_nodes)
         self.events: collections.deque[scheduler_pb2.MemberEvent] = collections.deque(maxlen=50)
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._channels = rpc.ChannelPool()
         self._jobs_version = 0
         self._saved_epoch = membership.epoch
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """A cached channel to a member."""
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = rpc.open_channel(address)
-        return channel
+        return self._channels.get(address)
 
     async def close(self) -> None:
         """Closes member channels."""
-        for channel in self._channels.values():
-            await channel.close()
+        await self._channels.close()
 
     async def persist_epoch(self) -> None:
         """Saves the epoch whenever it moved, so restarts never reuse one."""

@@ -62,24 +62,8 @@ _RETRYABLE = {
 }
 
 
-class Channels:
-    """One gRPC channel per peer address, closed together at shutdown."""
-
-    def __init__(self) -> None:
-        self._channels: dict[str, grpc.aio.Channel] = {}
-
-    def get(self, address: str) -> grpc.aio.Channel:
-        """The channel to an address, opened on first use."""
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = rpc.open_channel(address)
-        return channel
-
-    async def close(self) -> None:
-        """Closes every channel."""
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+Channels = rpc.ChannelPool
+"""The worker's pool of channels to peers (kept as a name for readability)."""
 
 
 class PeerRouter:
