@@ -197,11 +197,24 @@ class Client:
         job_id: str,
         values: Iterable[Any],
         keys: Sequence[Any] | None = None,
+        *,
+        producer: str | None = None,
+        first_sequence: int | None = None,
     ) -> int:
         """Sends records in batches; returns once every one is acknowledged
         (appended to its partition's JobContainer). With ``keys``, records go to
         the partition of their key; without, batches are spread over the
-        partitions in turn. Returns the number of records sent."""
+        partitions in turn. Returns the number of records sent.
+
+        Exactly once across sender restarts: give a stable ``producer`` (its
+        channel becomes ``src/<producer>``) and a ``first_sequence`` that is
+        the same whenever the same records are sent again and larger than any
+        sequence this producer used before (e.g. ``(batch_id + 1) << 24`` for a
+        micro-batch). The n-th batch sent to a partition then carries sequence
+        ``first_sequence + n``; a partition that already holds it acknowledges
+        it as a duplicate instead of appending it again."""
+        if (producer is None) != (first_sequence is None):
+            raise ValueError("give producer and first_sequence together")
         routing = await self._routing(job_id)
         partitions = routing.partitions
         per_partition: dict[int, list[tuple[list[Any] | None, list[Any]]]] = {}
@@ -227,10 +240,28 @@ class Client:
                 p = next(self._round_robin) % partitions
                 per_partition.setdefault(p, []).append((None, chunk))
                 total += len(chunk)
+        if producer is not None and first_sequence is not None:
+            channel = f"src/{producer}"
+            await asyncio.gather(*(
+                self._send_sequenced(job_id, p, batches, channel, first_sequence)
+                for p, batches in per_partition.items()
+            ))
+            return total
         await asyncio.gather(
             *(self._send_partition(job_id, p, batches) for p, batches in per_partition.items())
         )
         return total
+
+    async def _send_sequenced(
+        self, job_id: str, partition: int, batches: list[tuple[list[Any] | None, list[Any]]],
+        channel: str, first_sequence: int,
+    ) -> None:
+        for n, (keys, values) in enumerate(batches):
+            segment = worker_pb2.Segment(
+                task=0, partition=partition, channel=channel, sequence=first_sequence + n,
+                batch=codec.encode_batch(values, keys),
+            )
+            await self._push(job_id, segment)
 
     async def _send_partition(
         self, job_id: str, partition: int, batches: list[tuple[list[Any] | None, list[Any]]]

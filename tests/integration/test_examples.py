@@ -53,3 +53,15 @@ async def test_every_member_is_a_separate_process(cluster: LocalCluster) -> None
     pids = {m.pid for m in cluster.members.values()}
     assert len(pids) == 6
     assert all(m.alive() for m in cluster.members.values())
+
+
+async def test_a_producer_resending_with_the_same_sequences_counts_once(client: Client) -> None:
+    job_id = await client.submit(wordcount.job())
+    lines = ["x y", "y z", "z"] * 200
+    for _attempt in range(2):  # the second attempt is a replay: duplicates only
+        await client.send(job_id, lines, keys=[str(i) for i in range(len(lines))],
+                          producer="spark-query-1-part-0", first_sequence=(7 + 1) << 24)
+    await client.send(job_id, ["x"], keys=["k"], producer="spark-query-1-part-0",
+                      first_sequence=(8 + 1) << 24)
+    await client.drain(job_id)
+    assert await client.results(job_id) == {"x": 201, "y": 400, "z": 400}
