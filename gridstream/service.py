@@ -108,7 +108,7 @@ class MemberAgent:
     Keeps going through scheduler restarts: a failed heartbeat is retried on
     the next tick, and a scheduler that no longer knows the member (the
     ``reregister`` flag) gets a fresh registration. ``on_epoch`` is called
-    whenever the scheduler reports a newer routing-table epoch.
+    with the epoch of every answer; the callee decides whether it is news.
     """
 
     def __init__(
@@ -150,10 +150,9 @@ class MemberAgent:
         await self._observe_epoch(response.epoch)
 
     async def _observe_epoch(self, epoch: int) -> None:
-        if epoch > self.epoch:
-            self.epoch = epoch
-            if self._on_epoch is not None:
-                await self._on_epoch(epoch)
+        self.epoch = max(self.epoch, epoch)
+        if self._on_epoch is not None:
+            await self._on_epoch(epoch)
 
     async def run(self) -> None:
         """Registers (retrying until the scheduler answers), then heartbeats forever."""

@@ -66,6 +66,7 @@ class WorkerNode:
         self.backups = BackupStore()
         self.retired: dict[ContainerKey, JobContainer] = {}
         self._sync_lock = asyncio.Lock()
+        self._synced_epoch = 0  # the table epoch our tasks were last aligned with
 
     def deploy(self, job_id: str, spec_proto: common_pb2.JobSpec) -> JobRuntime:
         """Installs a job (idempotent); raises InvalidArgument if an import path
@@ -134,6 +135,7 @@ class WorkerNode:
         """Brings hosted jobs and tasks in line with the routing table."""
         async with self._sync_lock:
             table = self.routing.table
+            self._synced_epoch = max(self._synced_epoch, table.epoch)
             listed = {job.job_id for job in table.jobs}
             for job in table.jobs:
                 runtime = self.jobs.get(job.job_id)
@@ -179,6 +181,7 @@ class WorkerNode:
             for runtime in self.jobs.values():
                 for key in list(runtime.runners):
                     await self._stop_task(runtime, key)
+            self._synced_epoch = 0  # rejoining: align with the next table whatever it is
         log.warning("fenced: every task stopped until the routing table says otherwise")
 
     async def catch_up(self, epoch: int) -> None:
@@ -193,8 +196,10 @@ class WorkerNode:
                     runner.replicator.notify()
 
     async def on_epoch(self, epoch: int) -> None:
-        """Called when a heartbeat reports a newer epoch."""
-        if epoch > self.routing.epoch:
+        """Called with the epoch every heartbeat reports. The table may already
+        have been fetched by a shuffle or a replicator; what matters is whether
+        our tasks were aligned with it."""
+        if epoch > self._synced_epoch:
             await self.catch_up(epoch)
             # Membership changed: a backup holder may have restarted empty or
             # been replaced, so every primary checks its holders now rather
