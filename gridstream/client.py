@@ -30,6 +30,7 @@ import grpc
 from gridstream import codec, rpc
 from gridstream.errors import (
     DeadlineExceeded,
+    FailedPrecondition,
     GridstreamError,
     NotFound,
     StaleEpoch,
@@ -189,8 +190,10 @@ class Client:
                 if not job.owners:
                     raise Unavailable(f"job {job_id} has no workers to run on; start workers")
                 return job
-        raise NotFound(f"unknown job id {job_id!r}; submit it first or list jobs with "
-                       "`gridstream status`")
+        info = await self.job(job_id)  # NotFound for an id the scheduler never gave out
+        state = common_pb2.JobState.Name(info.state).removeprefix("JOB_STATE_").lower()
+        raise FailedPrecondition(f"job {job_id} is {state}{': ' + info.error if info.error else ''}"
+                                 "; it accepts no records")
 
     async def send(
         self,
@@ -303,6 +306,11 @@ class Client:
                 return
             except grpc.aio.AioRpcError as exc:
                 error = from_rpc_error(exc, f"sending to {owner}")
+                if isinstance(error, NotFound) and not refresh:
+                    # The job may have been cancelled since our table was fetched:
+                    # the fresh table says so (and _routing raises the right error).
+                    refresh = True
+                    continue
                 if not isinstance(error, StaleEpoch) and exc.code() not in _RETRYABLE:
                     raise error from None
                 if time.monotonic() + delay > deadline:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import grpc
@@ -9,10 +10,11 @@ import pytest
 
 from gridstream import codec
 from gridstream.client import Client
-from gridstream.errors import InvalidArgument, NotFound
+from gridstream.errors import FailedPrecondition, InvalidArgument, NotFound
 from gridstream.examples import wordcount
 from gridstream.jobspec import JobSpec, Stage
 from gridstream.local import LocalCluster
+from gridstream.sync import SyncClient
 from gridstream.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -121,3 +123,28 @@ async def test_no_service_crashed(cluster: LocalCluster) -> None:
     assert all(m.alive() for m in cluster.members.values()), {
         n: m.process.returncode for n, m in cluster.members.items() if m.process
     }
+
+
+async def test_cancelled_job_refuses_records_and_forgets_its_results(client: Client) -> None:
+    job_id = await client.submit(wordcount.job())
+    await client.send(job_id, ["one two"])
+    await client.drain(job_id)
+    assert await client.results(job_id) == {"one": 1, "two": 1}
+    info = await client.cancel(job_id)
+    assert info.state == common_pb2.JOB_STATE_CANCELLED
+    assert any(j.job_id == job_id and j.state == common_pb2.JOB_STATE_CANCELLED
+               for j in await client.jobs())
+    with pytest.raises(FailedPrecondition, match="is cancelled; it accepts no records"):
+        await client.send(job_id, ["three"])
+    assert await client.results(job_id) == {}
+
+
+async def test_sync_client_runs_a_job(cluster: LocalCluster) -> None:
+    def use_sync_client() -> dict[str, object]:
+        with SyncClient(cluster.scheduler_address) as sync:
+            job_id = sync.submit(wordcount.job())
+            sync.send(job_id, ["a b a"])
+            sync.drain(job_id)
+            return sync.results(job_id)
+
+    assert await asyncio.to_thread(use_sync_client) == {"a": 2, "b": 1}
