@@ -174,11 +174,21 @@ class ChaosMonkey:
         self.faults.append(fault)
         return fault
 
-    async def run(self, faults: int, stop: asyncio.Event | None = None) -> list[Fault]:
-        """Injects ``faults`` faults, one every ``interval_s`` (each after the
-        previous one has healed: a single failure at a time)."""
+    async def run(self, faults: int, duration_s: float | None = None,
+                  first_after: Path | None = None) -> list[Fault]:
+        """Injects up to ``faults`` faults (for at most ``duration_s`` seconds if
+        given), ``interval_s`` apart, each after the previous one has healed: a
+        single failure at a time. With ``first_after``, the first fault waits
+        until that file exists (a crash point has fired) and the cluster healed."""
+        if first_after is not None:
+            while True:  # the file is written by another process: poll it
+                if await asyncio.to_thread(first_after.exists):
+                    break
+                await asyncio.sleep(0.05)
+            await wait_healthy(self.client, self.job_id, len(self.workers()))
+        started = time.monotonic()
         for _ in range(faults):
-            if stop is not None and stop.is_set():
+            if duration_s is not None and time.monotonic() - started >= duration_s:
                 break
             await asyncio.sleep(self.interval_s)
             fault = await self.inject(self.rng.choice(self.kinds), self.rng.choice(self.workers()))
@@ -214,6 +224,8 @@ async def run_chaos(
     delivery: str = "exactly_once",
     extra_env: dict[str, str] | None = None,
     chunk: int = 5_000,
+    duration_s: float | None = None,
+    first_after: Path | None = None,
 ) -> ChaosReport:
     """A whole chaos run on a fresh local cluster."""
     spec, keys, values, expected, units, _ = workload(name, records)
@@ -230,7 +242,7 @@ async def run_chaos(
         started = time.monotonic()
         sender = asyncio.create_task(stream(client, job_id, keys, values, stream_s, chunk))
         try:
-            report.faults = await monkey.run(faults)
+            report.faults = await monkey.run(faults, duration_s, first_after)
             await sender
         finally:
             if not sender.done():
@@ -254,9 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workload", choices=["taxi", "wordcount"], default="taxi")
     parser.add_argument("--records", type=int, default=200_000,
                         help="input size (taxi records or wordcount words)")
-    parser.add_argument("--faults", type=int, default=3, help="faults to inject (default 3)")
-    parser.add_argument("--interval", type=float, default=1.0,
-                        help="seconds between one fault healing and the next (default 1)")
+    parser.add_argument("--faults", type=int, default=3,
+                        help="faults to inject at most (default 3)")
+    parser.add_argument("--rate", type=float, default=1.0,
+                        help="faults per second once the previous one healed (default 1): the "
+                        "pause between healing and the next fault is 1/rate")
+    parser.add_argument("--for", dest="for_s", type=float,
+                        help="stop injecting after this many seconds (default: after --faults)")
     parser.add_argument("--kinds", default="kill",
                         help="comma-separated fault kinds: kill, pause (default kill)")
     parser.add_argument("--pause", type=float, default=3.0,
@@ -275,10 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
 async def main_async(args: argparse.Namespace) -> int:
     """Runs the chaos run the flags describe; 0 when results match."""
     report = await run_chaos(
-        args.workload, args.records, args.faults, args.interval,
+        args.workload, args.records, args.faults, 1.0 / max(args.rate, 1e-3),
         tuple(k.strip() for k in args.kinds.split(",") if k.strip()), args.pause,
         args.workers, args.seed, args.duration, args.run_dir, load_config(args.config),
-        args.delivery)
+        args.delivery, duration_s=args.for_s)
     print(report.table())
     return 0 if report.match else 1
 

@@ -41,10 +41,19 @@ async def test_taxi_200k_survives_three_kills(tmp_path: Path) -> None:
     assert report.actual == report.expected
 
 
-async def test_wordcount_300k_survives_three_kills(tmp_path: Path) -> None:
+async def test_wordcount_300k_survives_a_crash_mid_persist_and_three_kills(
+    tmp_path: Path,
+) -> None:
+    # worker-1 SIGKILLs itself while its third window snapshot is on the wire;
+    # once that has healed, three more workers are killed one after another.
+    marker = tmp_path / "crashed"
+    env = {"GRIDSTREAM_CRASH_POINT": "worker-1:window_persist:3",
+           "GRIDSTREAM_CRASH_ONCE_FILE": str(marker)}
     report = await run_chaos("wordcount", 300_000, faults=3, interval_s=0.5, seed=4,
-                             stream_s=8.0, run_dir=tmp_path, config=small_windows())
+                             stream_s=10.0, run_dir=tmp_path / "run", config=small_windows(),
+                             extra_env=env, chunk=2_000, first_after=marker)
     print(report.table())
+    assert marker.exists()
     assert len(report.faults) == 3
     assert report.match, report.table()
 
