@@ -32,6 +32,7 @@ class JsonLogFormatter(logging.Formatter):
     """One JSON object per line, for log shippers."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """Renders one record as a JSON object."""
         entry = {
             "ts": round(record.created, 3),
             "level": record.levelname,

@@ -82,7 +82,7 @@ class ArrivalHistory:
             return float("inf") if y > 0 else 0.0
         if y > 0:
             return -math.log10(e / (1.0 + e))
-        return -math.log10(1.0 - 1.0 / (1.0 + e))
+        return max(0.0, -math.log10(1.0 - 1.0 / (1.0 + e)))
 
 
 class Verdict:

@@ -77,6 +77,7 @@ class SchedulerCore:
     # -- membership -----------------------------------------------------------
 
     async def register(self, request: scheduler_pb2.RegisterRequest) -> int:
+        """Validates and records a registration; bumps the epoch when membership changed."""
         if request.role not in _ROLES:
             raise InvalidArgument("role must be MEMBER_ROLE_WORKER or MEMBER_ROLE_STATE_SERVER")
         if not request.node_id or not request.address or not request.incarnation:
@@ -119,12 +120,15 @@ class SchedulerCore:
     # -- jobs -------------------------------------------------------------------
 
     def job(self, job_id: str) -> JobRecord:
+        """A job's record; NotFound that says where to look for valid ids."""
         record = self.registry.jobs.get(job_id)
         if record is None:
             raise NotFound(f"unknown job id {job_id!r}; list jobs with `gridstream status`")
         return record
 
     async def submit(self, spec_proto: common_pb2.JobSpec) -> tuple[str, int]:
+        """Fills defaults, deploys on every live worker (an import error on any
+        fails the job) and registers it."""
         spec = JobSpec.from_proto(spec_proto).with_defaults(
             self.config.cluster.partitions, self.config.cluster.window_size)
         workers = self.workers()
@@ -172,6 +176,8 @@ class SchedulerCore:
         await asyncio.gather(*(stop(a) for _, a in self.workers()))
 
     async def cancel(self, job_id: str) -> JobRecord:
+        """Marks a job cancelled, stops it on the workers and deletes its data on
+        the state servers."""
         record = self.job(job_id)
         if record.state == common_pb2.JOB_STATE_RUNNING:
             record.state = common_pb2.JOB_STATE_CANCELLED
@@ -267,6 +273,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     @servicer_method
     async def Register(self, request: scheduler_pb2.RegisterRequest,
                        context: grpc.aio.ServicerContext) -> scheduler_pb2.RegisterResponse:
+        """Admits a member (or re-admits it after a restart); answers the heartbeat interval."""
         epoch = await self.core.register(request)
         interval_ms = int(self.core.config.cluster.heartbeat_interval_s * 1000)
         return scheduler_pb2.RegisterResponse(epoch=epoch, heartbeat_interval_ms=interval_ms)
@@ -274,6 +281,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     @servicer_method
     async def Heartbeat(self, request: scheduler_pb2.HeartbeatRequest,
                         context: grpc.aio.ServicerContext) -> scheduler_pb2.HeartbeatResponse:
+        """Feeds the failure detector; tells a member it must register again if
+        it was declared dead."""
         known = self.core.membership.heartbeat(request.node_id, request.incarnation,
                                                time.monotonic())
         return scheduler_pb2.HeartbeatResponse(epoch=self.core.membership.epoch,
@@ -282,6 +291,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     @servicer_method
     async def GetRoutingTable(self, request: scheduler_pb2.GetRoutingTableRequest,
                               context: grpc.aio.ServicerContext) -> scheduler_pb2.RoutingTable:
+        """The table of the current epoch, optionally for some jobs only."""
         table = self.core.table()
         if not request.job_ids:
             return table
@@ -295,31 +305,37 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     @servicer_method
     async def SubmitJob(self, request: scheduler_pb2.SubmitJobRequest,
                         context: grpc.aio.ServicerContext) -> scheduler_pb2.SubmitJobResponse:
+        """Validates, deploys on every worker and registers a job."""
         job_id, epoch = await self.core.submit(request.spec)
         return scheduler_pb2.SubmitJobResponse(job_id=job_id, epoch=epoch)
 
     @servicer_method
     async def GetJob(self, request: scheduler_pb2.GetJobRequest,
                      context: grpc.aio.ServicerContext) -> common_pb2.JobInfo:
+        """One job's spec and state."""
         return self.core.job(request.job_id).to_proto()
 
     @servicer_method
     async def ListJobs(self, request: scheduler_pb2.ListJobsRequest,
                        context: grpc.aio.ServicerContext) -> scheduler_pb2.ListJobsResponse:
+        """Every job the registry holds."""
         return scheduler_pb2.ListJobsResponse(
             jobs=[j.to_proto() for j in self.core.registry.jobs.values()])
 
     @servicer_method
     async def CancelJob(self, request: scheduler_pb2.CancelJobRequest,
                         context: grpc.aio.ServicerContext) -> common_pb2.JobInfo:
+        """Stops a job everywhere and deletes its state."""
         return (await self.core.cancel(request.job_id)).to_proto()
 
     @servicer_method
     async def GetJobProgress(self, request: scheduler_pb2.GetJobProgressRequest,
                              context: grpc.aio.ServicerContext) -> scheduler_pb2.JobProgress:
+        """Per-task counters and the drained verdict."""
         return await self.core.progress(request.job_id)
 
     @servicer_method
     async def GetClusterStatus(self, request: scheduler_pb2.GetClusterStatusRequest,
                                context: grpc.aio.ServicerContext) -> scheduler_pb2.ClusterStatus:
+        """Members, shares, phi, jobs and recent membership changes."""
         return self.core.status()

@@ -26,6 +26,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Push(
         self, request: worker_pb2.PushRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.PushResponse:
+        """Checks every segment first, then appends them; answers once each is committed."""
         if not request.job_id:
             raise InvalidArgument("job_id is empty; name the job the batch is for")
         size = request.ByteSize()
@@ -83,6 +84,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def DeployJob(
         self, request: worker_pb2.DeployJobRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.DeployJobResponse:
+        """Imports a job's operators here so its records can be accepted."""
         if not request.job_id:
             raise InvalidArgument("job_id is empty")
         self.node.deploy(request.job_id, request.spec)
@@ -92,6 +94,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def StopJob(
         self, request: worker_pb2.StopJobRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.StopJobResponse:
+        """Stops a job's tasks on this worker."""
         await self.node.stop_job(request.job_id)
         return worker_pb2.StopJobResponse()
 
@@ -99,6 +102,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Replicate(
         self, request: worker_pb2.ReplicateRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.ReplicateResponse:
+        """Holds a primary's appends (or full copy) as a backup."""
         if not request.job_id or not request.primary:
             raise InvalidArgument("job_id and primary must be set")
         return worker_pb2.ReplicateResponse(next_offset=self.node.backups.replicate(request))
@@ -106,6 +110,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def FetchContainer(  # type: ignore[override]
         self, request: worker_pb2.FetchContainerRequest, context: grpc.aio.ServicerContext
     ) -> None:
+        """Streams a container's committed log to its new owner."""
         try:
             chunks = await self.node.fetch_container(
                 (request.job_id, request.task, request.partition), request.epoch
@@ -120,6 +125,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def GetTaskProgress(
         self, request: worker_pb2.GetTaskProgressRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.GetTaskProgressResponse:
+        """Counters of the job's tasks hosted here."""
         return worker_pb2.GetTaskProgressResponse(
             tasks=self.node.progress(request.job_id), epoch=self.node.routing.epoch
         )
