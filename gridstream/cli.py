@@ -70,6 +70,18 @@ async def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _health(args: argparse.Namespace) -> int:
+    from gridstream.local import wait_healthy
+
+    try:
+        await wait_healthy(args.address, timeout_s=args.timeout)
+    except TimeoutError as exc:
+        print(f"unhealthy: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.address}: SERVING")
+    return 0
+
+
 async def _submit(args: argparse.Namespace) -> int:
     from gridstream.client import Client
 
@@ -164,6 +176,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_flags(status)
     status.add_argument("--job", help="also show per-task progress of this job")
     status.set_defaults(run=_status)
+
+    health = sub.add_parser("health", help="check a service with the gRPC health protocol "
+                            "(exit 0 when SERVING; for container health checks)")
+    health.add_argument("address", help="host:port of any gridstream service")
+    health.add_argument("--timeout", type=float, default=3.0, help="seconds to wait (default 3)")
+    health.set_defaults(run=_health)
 
     submit = sub.add_parser("submit", help="submit a job file (TOML); prints the job id")
     _add_client_flags(submit)

@@ -76,6 +76,10 @@ class WorkerConfig:
     host: str = "127.0.0.1"
     """Interface to bind."""
 
+    advertise_host: str = ""
+    """Host name others use to reach this worker; empty means ``host``. Set it
+    when binding 0.0.0.0 (containers: the service name)."""
+
     port: int = 0
     """Port to bind; 0 picks a free one."""
 
@@ -104,6 +108,9 @@ class StateServerConfig:
 
     host: str = "127.0.0.1"
     """Interface to bind."""
+
+    advertise_host: str = ""
+    """Host name others use to reach this state server; empty means ``host``."""
 
     port: int = 0
     """Port to bind; 0 picks a free one."""

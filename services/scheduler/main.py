@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import replace
 
-from gridstream.config import Config, load_config
+from gridstream.config import Config, ConfigError, load_config
 from gridstream.service import ServiceHost, run_service, setup_logging, write_ready_file
 from gridstream.v1 import scheduler_pb2_grpc
 from services.scheduler.detector import DetectorSettings, PhiAccrualDetector
@@ -92,6 +92,9 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
 def main(argv: list[str] | None = None) -> None:
     """Parses flags, loads config and runs the scheduler on uvloop."""
     args = parse_args(argv)
-    config = build_config(args)
+    try:
+        config = build_config(args)
+    except ConfigError as exc:
+        raise SystemExit(f"gridstream scheduler: {exc}") from None
     setup_logging("scheduler", config.log_json)
     run_service(lambda stop: serve(config, args.ready_file, stop))

@@ -104,7 +104,7 @@ async def serve(options: Options, stop: asyncio.Event) -> None:
             StateServerServicer(store), host.server
         )
         port = await host.start(settings.host, settings.port)
-        address = f"{settings.host}:{port}"
+        address = f"{settings.advertise_host or settings.host}:{port}"
         agent = MemberAgent(
             config.scheduler_address, settings.node_id,
             scheduler_pb2.MEMBER_ROLE_STATE_SERVER, address,

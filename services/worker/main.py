@@ -9,7 +9,7 @@ import logging
 import os
 from dataclasses import replace
 
-from gridstream.config import Config, load_config
+from gridstream.config import Config, ConfigError, load_config
 from gridstream.service import (
     MemberAgent,
     ServiceHost,
@@ -73,7 +73,7 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
                 WorkerServicer(node, config.worker.max_batch_bytes), host.server
             )
             port = await host.start(config.worker.host, config.worker.port)
-            address = f"{config.worker.host}:{port}"
+            address = f"{config.worker.advertise_host or config.worker.host}:{port}"
             agent = MemberAgent(config.scheduler_address, node_id,
                                 scheduler_pb2.MEMBER_ROLE_WORKER, address, node.on_epoch,
                                 node.fence)
@@ -95,6 +95,9 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
 def main(argv: list[str] | None = None) -> None:
     """Parses flags, loads config and runs the worker on uvloop."""
     args = parse_args(argv)
-    config = build_config(args)
+    try:
+        config = build_config(args)
+    except ConfigError as exc:
+        raise SystemExit(f"gridstream worker: {exc}") from None
     setup_logging(f"worker[{config.worker.node_id}]", config.log_json)
     run_service(lambda stop: serve(config, args.ready_file, stop))

@@ -1,0 +1,1 @@
+"""Spark bridge tests: a real local Spark session feeding a real local cluster."""
