@@ -65,6 +65,9 @@ class SchedulerConfig:
     data_dir: str = ".gridstream/scheduler"
     """Directory of the scheduler's SQLite job registry."""
 
+    metrics_port: int = 0
+    """Port of the Prometheus /metrics endpoint; 0 picks a free one, -1 turns it off."""
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -98,6 +101,9 @@ class WorkerConfig:
     max_record_attempts: int = 1
     """Attempts at a record whose operator raises before it goes to the dead-letter table."""
 
+    metrics_port: int = 0
+    """Port of the Prometheus /metrics endpoint; 0 picks a free one, -1 turns it off."""
+
 
 @dataclass(frozen=True)
 class StateServerConfig:
@@ -120,6 +126,9 @@ class StateServerConfig:
 
     keep_windows: int = 2
     """Window snapshots kept per operator; older ones are deleted."""
+
+    metrics_port: int = 0
+    """Port of the Prometheus /metrics endpoint; 0 picks a free one, -1 turns it off."""
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ class MemberProcess:
     ready_file: Path
     process: subprocess.Popen[bytes] | None = None
     address: str = ""
+    metrics_address: str = ""
     restarts: int = 0
     _log_handle: object | None = field(default=None, repr=False)
 
@@ -145,7 +146,9 @@ class LocalCluster:
                 raise TimeoutError(f"{member.name} not ready after {timeout_s:.0f}s; "
                                    f"see {member.log_path}")
             await asyncio.sleep(0.05)
-        member.address = json.loads(member.ready_file.read_text())["address"]
+        ready = json.loads(member.ready_file.read_text())
+        member.address = ready["address"]
+        member.metrics_address = ready.get("metrics", "")
         await wait_healthy(member.address, max(1.0, deadline - time.monotonic()))
 
     def _member(self, name: str, role: str, argv: list[str]) -> MemberProcess:

@@ -10,6 +10,7 @@ import time
 from dataclasses import replace
 
 from gridstream.config import Config, ConfigError, load_config
+from gridstream.metrics import MetricsServer
 from gridstream.service import ServiceHost, run_service, setup_logging, write_ready_file
 from gridstream.v1 import scheduler_pb2_grpc
 from services.scheduler.detector import DetectorSettings, PhiAccrualDetector
@@ -69,6 +70,7 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
     core = SchedulerCore(config, registry, membership)
     await registry.save_epoch(membership.epoch)
     host = ServiceHost(["gridstream.v1.Scheduler"])
+    metrics = MetricsServer()
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(core), host.server)
     try:
         async with asyncio.TaskGroup() as group:
@@ -78,12 +80,15 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
             log.info("scheduler serving on %s (pid %d), epoch %d, %d jobs, %d members",
                      address, os.getpid(), membership.epoch, len(registry.jobs),
                      len(membership.members))
-            write_ready_file(ready_file, address=address)
+            metrics_address = metrics.start(config.scheduler.host, config.scheduler.metrics_port,
+                                            core.metrics)
+            write_ready_file(ready_file, address=address, metrics=metrics_address)
             await stop.wait()
             log.info("scheduler draining")
             await host.stop(grace_s=3.0)
             detector_task.cancel()
     finally:
+        metrics.stop()
         await core.close()
         await registry.close()
     log.info("scheduler stopped")

@@ -20,6 +20,7 @@ from gridstream.errors import (
     from_rpc_error,
 )
 from gridstream.jobspec import JobSpec, plan_tasks
+from gridstream.metrics import Metric, counter, gauge
 from gridstream.rpc import servicer_method
 from gridstream.v1 import (
     common_pb2,
@@ -53,6 +54,7 @@ class SchedulerCore:
         self._channels = rpc.ChannelPool()
         self._jobs_version = 0
         self._saved_epoch = membership.epoch
+        self.detections = 0
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """A cached channel to a member."""
@@ -94,9 +96,31 @@ class SchedulerCore:
             await self.persist_epoch()
         return self.membership.epoch
 
+    def metrics(self) -> list[Metric]:
+        """Membership series for Prometheus, read at scrape time."""
+        now = time.monotonic()
+        phi = gauge("gridstream_member_phi", "Phi-accrual suspicion of each member",
+                    ["node", "role"])
+        state = gauge("gridstream_member_state", "1 alive, 2 suspect, 3 dead", ["node", "role"])
+        for record in self.membership.members.values():
+            labels = [record.node_id, "worker" if record.role == 1 else "stateserver"]
+            phi.add_metric(labels, self.membership.detector.phi(record.node_id, now))
+            state.add_metric(labels, record.state)
+        detections = counter("gridstream_detections", "Members declared dead", [])
+        detections.add_metric([], self.detections)
+        epoch = gauge("gridstream_routing_epoch", "Current routing-table epoch", [])
+        epoch.add_metric([], self.membership.epoch)
+        jobs = gauge("gridstream_jobs", "Jobs by state", ["state"])
+        for name, value in (("running", 1), ("cancelled", 2), ("failed", 3)):
+            jobs.add_metric([name], sum(1 for j in self.registry.jobs.values()
+                                        if j.state == value))
+        return [phi, state, detections, epoch, jobs]
+
     def apply_transitions(self, transitions: list[Transition]) -> None:
         """Logs every detector verdict change with its phi."""
         for t in transitions:
+            if t.new == scheduler_pb2.MEMBER_STATE_DEAD:
+                self.detections += 1
             log.warning("%s: %s -> %s (phi %.2f)", t.node_id, _STATE_NAMES.get(t.old, "?"),
                         _STATE_NAMES.get(t.new, "?"), t.phi)
             self.record(t.node_id, t.old, t.new, t.phi)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gridstream.config import Config, ConfigError, load_config
+from gridstream.metrics import Metric, MetricsServer, counter, gauge
 from gridstream.service import (
     MemberAgent,
     ServiceHost,
@@ -26,7 +27,7 @@ from gridstream.service import (
 )
 from gridstream.v1 import scheduler_pb2, stateserver_pb2_grpc
 from services.stateserver.server import StateServerServicer
-from services.stateserver.store import SnapshotStore
+from services.stateserver.store import SnapshotStore, StoreStats
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +94,41 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
     return Options(config=config, ready_file=args.ready_file)
 
 
+class StoreFigures:
+    """The store's figures, refreshed in the background so that a metrics
+    scrape (served from another thread) never touches the database."""
+
+    def __init__(self, store: SnapshotStore) -> None:
+        self.store = store
+        self.latest: StoreStats | None = None
+
+    async def refresh_forever(self, interval_s: float = 1.0) -> None:
+        """Refreshes until cancelled (owned by the service's TaskGroup)."""
+        while True:
+            try:
+                self.latest = await self.store.stats()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.warning("reading store figures failed", exc_info=True)
+            await asyncio.sleep(interval_s)
+
+    def metrics(self) -> list[Metric]:
+        """Snapshot count and bytes, commits and writes, for Prometheus."""
+        stats = self.latest
+        snapshots = gauge("gridstream_snapshots_stored", "Window snapshots held", [])
+        size = gauge("gridstream_snapshot_bytes", "Bytes of window snapshots held", [])
+        commits = counter("gridstream_store_commits", "SQLite transactions committed", [])
+        writes = counter("gridstream_store_writes", "Writes committed (many per transaction)",
+                         [])
+        if stats is not None:
+            snapshots.add_metric([], stats.snapshots)
+            size.add_metric([], stats.snapshot_bytes)
+            commits.add_metric([], stats.commits)
+            writes.add_metric([], stats.writes)
+        return [snapshots, size, commits, writes]
+
+
 async def serve(options: Options, stop: asyncio.Event) -> None:
     """Runs the state server until ``stop`` is set, then drains and closes in order."""
     config = options.config
@@ -109,11 +145,16 @@ async def serve(options: Options, stop: asyncio.Event) -> None:
             config.scheduler_address, settings.node_id,
             scheduler_pb2.MEMBER_ROLE_STATE_SERVER, address,
         )
+        figures = StoreFigures(store)
+        metrics = MetricsServer()
+        metrics_address = metrics.start(settings.host, settings.metrics_port, figures.metrics)
         stopped = False
         try:
             async with asyncio.TaskGroup() as tasks:
                 agent_task = tasks.create_task(agent.run(), name="member-agent")
-                write_ready_file(options.ready_file, address=address, node_id=settings.node_id)
+                figures_task = tasks.create_task(figures.refresh_forever(), name="figures")
+                write_ready_file(options.ready_file, address=address, node_id=settings.node_id,
+                                 metrics=metrics_address)
                 log.info("state server %s serving on %s, data in %s, scheduler %s",
                          settings.node_id, address, db_path, config.scheduler_address)
                 await stop.wait()
@@ -121,9 +162,11 @@ async def serve(options: Options, stop: asyncio.Event) -> None:
                 await host.stop(STOP_GRACE_S)
                 stopped = True
                 agent_task.cancel()
+                figures_task.cancel()
         finally:
             if not stopped:
                 await host.stop(0)
+            metrics.stop()
             await agent.close()
         log.info("server stopped; committing queued writes and closing the store")
     log.info("state server %s stopped", settings.node_id)

@@ -10,6 +10,7 @@ import os
 from dataclasses import replace
 
 from gridstream.config import Config, ConfigError, load_config
+from gridstream.metrics import MetricsServer
 from gridstream.service import (
     MemberAgent,
     ServiceHost,
@@ -62,6 +63,7 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
     """Runs the worker until ``stop`` is set, then drains."""
     node_id = config.worker.node_id
     host = ServiceHost(["gridstream.v1.Worker"])
+    metrics = MetricsServer()
     channels = Channels()
     scheduler_channel = channels.get(config.scheduler_address)
     routing = RoutingView(scheduler_pb2_grpc.SchedulerStub(scheduler_channel),
@@ -78,8 +80,11 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
                                 scheduler_pb2.MEMBER_ROLE_WORKER, address, node.on_epoch,
                                 node.fence)
             agent_task = group.create_task(agent.run(), name="heartbeats")
+            metrics_address = metrics.start(config.worker.host, config.worker.metrics_port,
+                                            node.metrics)
             log.info("worker %s serving on %s (pid %d)", node_id, address, os.getpid())
-            write_ready_file(ready_file, address=address, node_id=node_id)
+            write_ready_file(ready_file, address=address, node_id=node_id,
+                             metrics=metrics_address)
             await stop.wait()
             log.info("worker %s draining", node_id)
             await host.stop(grace_s=5.0)
@@ -87,6 +92,7 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
             await node.close()
             await agent.close()
     finally:
+        metrics.stop()
         with contextlib.suppress(Exception):
             await channels.close()
     log.info("worker %s stopped", node_id)

@@ -19,6 +19,13 @@ from gridstream import codec
 from gridstream.config import Config
 from gridstream.errors import InvalidArgument, NotFound, StaleEpoch
 from gridstream.jobspec import JobSpec, Stage, check_imports, plan_tasks
+from gridstream.metrics import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    counter,
+    gauge,
+)
 from gridstream.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.worker.peers import Channels, OutSegment, PeerRouter, StateClient
 from services.worker.queues import Entry, JobContainer
@@ -67,6 +74,7 @@ class WorkerNode:
         self.retired: dict[ContainerKey, JobContainer] = {}
         self._sync_lock = asyncio.Lock()
         self._synced_epoch = 0  # the table epoch our tasks were last aligned with
+        self.recoveries = 0
 
     def deploy(self, job_id: str, spec_proto: common_pb2.JobSpec) -> JobRuntime:
         """Installs a job (idempotent); raises InvalidArgument if an import path
@@ -125,7 +133,7 @@ class WorkerNode:
     async def _supervise(self, runner: TaskRunner) -> None:
         """Keeps an unexpected error in one task from taking the worker down."""
         try:
-            await runner.run()
+            await runner.run(on_restored=self._count_recovery)
         except asyncio.CancelledError:
             raise
         except BaseException:
@@ -208,6 +216,9 @@ class WorkerNode:
                 for runner in runtime.runners.values():
                     if runner.replicator is not None:
                         runner.replicator.notify()
+
+    def _count_recovery(self) -> None:
+        self.recoveries += 1
 
     def check_sender(self, job_id: str, sender: str, epoch: int, channels: list[str]) -> None:
         """Fencing: refuses batches from a worker that routed with an older epoch
@@ -368,6 +379,40 @@ class WorkerNode:
         if runtime is None:
             return []
         return [runner.progress(self.node_id) for runner in runtime.runners.values()]
+
+    def metrics(self) -> list[Metric]:
+        """Per-task series for Prometheus, read from live state at scrape time."""
+        labels = ["job", "task", "partition"]
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
+            "in": counter("gridstream_records_in", "Records appended to the task's "
+                          "JobContainer (since the task started here)", labels),
+            "done": counter("gridstream_records_processed", "Records the task's operators "
+                            "finished", labels),
+            "out": counter("gridstream_records_out", "Records emitted to the next task",
+                           labels),
+            "queue": gauge("gridstream_queue_depth_records", "Records waiting in the "
+                           "JobContainer", labels),
+            "lag": gauge("gridstream_snapshot_lag_batches", "Batches processed since the "
+                         "last durable window snapshot", labels),
+            "windows": counter("gridstream_windows_persisted", "Window snapshots made durable",
+                               labels),
+            "dead": counter("gridstream_dead_letters", "Records sent to the dead-letter table",
+                            labels),
+        }
+        for runtime in self.jobs.values():
+            for runner in runtime.runners.values():
+                values = [runtime.job_id, str(runner.task_index), str(runner.partition)]
+                families["in"].add_metric(values, runner.container.records_in)
+                families["done"].add_metric(values, runner.records_processed)
+                families["out"].add_metric(values, runner.records_out)
+                families["queue"].add_metric(values, runner.container.pending_records)
+                families["lag"].add_metric(values, runner.latest.offset - runner.durable_offset)
+                families["windows"].add_metric(values, runner.persister.windows_persisted)
+                families["dead"].add_metric(values, runner.dead_letters)
+        recoveries = counter("gridstream_recoveries", "Tasks started from a snapshot or a "
+                             "log copy taken over from another worker", [])
+        recoveries.add_metric([], self.recoveries)
+        return [*families.values(), recoveries]
 
     def drop_retired(self, key: ContainerKey) -> None:
         """Forgets a retired container once its new owner has it."""

@@ -123,10 +123,12 @@ class TaskRunner:
 
     # -- life ----------------------------------------------------------------
 
-    async def run(self) -> None:
+    async def run(self, on_restored: Callable[[], None] | None = None) -> None:
         """Restores, then processes batches forever beside its persister and
-        replicator."""
-        await self._restore()
+        replicator. ``on_restored`` is told when the task resumed from earlier
+        state (a snapshot or a log copy) rather than starting fresh."""
+        if await self._restore() and on_restored is not None:
+            on_restored()
         self.ready.set()
         async with asyncio.TaskGroup() as group:
             group.create_task(self.persister.run(), name=f"persist {self.operator_id}")
@@ -144,7 +146,7 @@ class TaskRunner:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    async def _restore(self) -> None:
+    async def _restore(self) -> bool:
         started = time.monotonic()
         snapshot = await self._retry(
             "reading the latest snapshot",
@@ -195,6 +197,7 @@ class TaskRunner:
                  offset, None if fetched is None else
                  f"{fetched[0]}..{fetched[0] + len(fetched[2])}",
                  self.recovered_batches, self.recovery_seconds)
+        return snapshot is not None or bool(fetched and (fetched[2] or fetched[1]))
 
     # -- input ---------------------------------------------------------------
 

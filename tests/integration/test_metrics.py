@@ -1,0 +1,44 @@
+"""Every service serves Prometheus metrics with the named series."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+
+import pytest
+
+from gridstream.client import Client
+from gridstream.examples import wordcount
+from gridstream.local import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+
+def scrape(address: str) -> str:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+async def test_metrics_endpoints_expose_the_named_series(cluster: LocalCluster,
+                                                         client: Client) -> None:
+    job_id = await client.submit(wordcount.job())
+    await client.send(job_id, wordcount.generate(20_000, seed=2))
+    await client.drain(job_id)
+    worker_text = "\n".join([await asyncio.to_thread(scrape, m.metrics_address)
+                             for m in cluster.members.values() if m.role == "worker"])
+    for series in ("gridstream_records_in_total", "gridstream_records_out_total",
+                   "gridstream_records_processed_total", "gridstream_queue_depth_records",
+                   "gridstream_snapshot_lag_batches", "gridstream_windows_persisted_total",
+                   "gridstream_recoveries_total"):
+        assert series in worker_text, series
+    processed = sum(float(line.rsplit(" ", 1)[1]) for line in worker_text.splitlines()
+                    if line.startswith("gridstream_records_processed_total{")
+                    and f'job="{job_id}"' in line and 'task="1"' in line)
+    assert processed == 20_000  # every word counted once, across the three workers
+    scheduler_text = await asyncio.to_thread(scrape, cluster.members["scheduler"].metrics_address)
+    for series in ("gridstream_member_phi", "gridstream_member_state",
+                   "gridstream_detections_total", "gridstream_routing_epoch"):
+        assert series in scheduler_text, series
+    state_text = await asyncio.to_thread(scrape, cluster.members["state-1"].metrics_address)
+    assert "gridstream_snapshots_stored" in state_text
+    assert "gridstream_store_commits_total" in state_text
