@@ -36,9 +36,24 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML config file")
 
 
+async def _watch(args: argparse.Namespace) -> int:
+    """Live view: members, per-stage throughput and queue depth, recent changes,
+    and early warnings, refreshed every ``--interval`` seconds."""
+    from gridstream.client import Client
+    from gridstream.watch import Watcher
+
+    async with Client(_scheduler_address(args)) as client:
+        watcher = Watcher(client)
+        while True:
+            print("\033[2J\033[H" + await watcher.render(), flush=True)
+            await asyncio.sleep(args.interval)
+
+
 async def _status(args: argparse.Namespace) -> int:
     from gridstream.client import Client
 
+    if args.watch:
+        return await _watch(args)
     async with Client(_scheduler_address(args)) as client:
         status = await client.status()
         print(f"epoch {status.epoch}")
@@ -175,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show members, ring shares and jobs")
     _add_client_flags(status)
     status.add_argument("--job", help="also show per-task progress of this job")
+    status.add_argument("--watch", action="store_true",
+                        help="refresh a live view with throughput, queues and warnings")
+    status.add_argument("--interval", type=float, default=1.0,
+                        help="seconds between refreshes with --watch (default 1)")
     status.set_defaults(run=_status)
 
     health = sub.add_parser("health", help="check a service with the gRPC health protocol "

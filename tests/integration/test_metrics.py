@@ -42,3 +42,26 @@ async def test_metrics_endpoints_expose_the_named_series(cluster: LocalCluster,
     state_text = await asyncio.to_thread(scrape, cluster.members["state-1"].metrics_address)
     assert "gridstream_snapshots_stored" in state_text
     assert "gridstream_store_commits_total" in state_text
+
+
+async def test_watch_view_shows_members_stages_and_warns_on_slow_persistence(
+    cluster: LocalCluster, client: Client
+) -> None:
+    from gridstream.watch import Watcher
+
+    job_id = await client.submit(wordcount.job())
+    await client.send(job_id, wordcount.generate(5_000, seed=3))
+    await client.drain(job_id)
+    watcher = Watcher(client)
+    screen = await watcher.render()
+    assert "worker-1" in screen and "state-1" in screen and job_id in screen
+    assert "no warnings" in screen
+    # A stage whose queue and backlog grow at every refresh is flagged.
+    from gridstream.watch import GROWTH_WINDOW, StageFigures, trend_warnings
+
+    rising = [StageFigures(processed=i, queued=i * 10, persist_pending=i)
+              for i in range(GROWTH_WINDOW + 1)]
+    warned = trend_warnings(job_id, 1, rising)
+    assert len(warned) == 2 and "queue growing" in warned[0] and "falling behind" in warned[1]
+    steady = [*rising[:-1], StageFigures(queued=0, persist_pending=0)]
+    assert trend_warnings(job_id, 1, steady) == []
