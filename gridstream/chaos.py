@@ -235,7 +235,8 @@ async def run_chaos(
                            supervise=True, restart_delay_s=2.0, extra_env=extra_env)
     report = ChaosReport(name, len(values))
     report.actual, report.expected = {}, expected
-    async with cluster, Client(cluster.scheduler_address) as client:
+    async with cluster, Client(cluster.scheduler_address,
+                               security=cluster.config.security) as client:
         job_id = await client.submit(spec)
         monkey = ChaosMonkey(cluster, client, job_id, interval_s=interval_s,
                              kinds=list(kinds), pause_s=pause_s, seed=seed)

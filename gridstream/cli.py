@@ -13,8 +13,9 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
-from gridstream.config import ConfigError, load_config, to_toml
+from gridstream.config import ConfigError, SecurityConfig, load_config, to_toml
 from gridstream.errors import GridstreamError
 
 SERVICES = {"scheduler": "services.scheduler", "worker": "services.worker",
@@ -30,6 +31,10 @@ def _scheduler_address(args: argparse.Namespace) -> str:
     return load_config(getattr(args, "config", None)).scheduler_address
 
 
+def _security(args: argparse.Namespace) -> SecurityConfig:
+    return load_config(getattr(args, "config", None)).security
+
+
 def _add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduler", help="scheduler host:port (default: scheduler_address "
                         "from the config, 127.0.0.1:7400)")
@@ -42,7 +47,7 @@ async def _watch(args: argparse.Namespace) -> int:
     from gridstream.client import Client
     from gridstream.watch import Watcher
 
-    async with Client(_scheduler_address(args)) as client:
+    async with Client(_scheduler_address(args), security=_security(args)) as client:
         watcher = Watcher(client)
         while True:
             print("\033[2J\033[H" + await watcher.render(), flush=True)
@@ -54,7 +59,7 @@ async def _status(args: argparse.Namespace) -> int:
 
     if args.watch:
         return await _watch(args)
-    async with Client(_scheduler_address(args)) as client:
+    async with Client(_scheduler_address(args), security=_security(args)) as client:
         status = await client.status()
         print(f"epoch {status.epoch}")
         print(f"{'member':<14}{'role':<13}{'state':<9}{'address':<22}{'partitions':>10}"
@@ -89,7 +94,7 @@ async def _health(args: argparse.Namespace) -> int:
     from gridstream.local import wait_healthy
 
     try:
-        await wait_healthy(args.address, timeout_s=args.timeout)
+        await wait_healthy(args.address, timeout_s=args.timeout, security=_security(args))
     except TimeoutError as exc:
         print(f"unhealthy: {exc}", file=sys.stderr)
         return 1
@@ -97,10 +102,44 @@ async def _health(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _certs(args: argparse.Namespace) -> int:
+    import secrets
+
+    from gridstream.certs import create_dev_certs
+
+    out = Path(args.out)
+    issued = create_dev_certs(out, [h.strip() for h in args.hosts.split(",") if h.strip()])
+    member, user = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+    tokens = out / "tokens.toml"
+    tokens.write_text(f'[tokens]\n"{member}" = ["admin"]\n"{user}" = ["submit", "send", "read"]\n')
+    tokens.chmod(0o600)
+    print(f"""wrote a CA, a node and a client certificate and {tokens} to {out}.
+Members' config:
+
+[security]
+tls = true
+ca_file = "{issued['ca'].cert.resolve()}"
+cert_file = "{issued['node'].cert.resolve()}"
+key_file = "{issued['node'].key.resolve()}"
+tokens_file = "{tokens.resolve()}"
+token = "{member}"
+
+Clients' config (gridstream status/submit --config, or Client(security=...)):
+
+[security]
+tls = true
+ca_file = "{issued['ca'].cert.resolve()}"
+cert_file = "{issued['client'].cert.resolve()}"
+key_file = "{issued['client'].key.resolve()}"
+token = "{user}"
+""")
+    return 0
+
+
 async def _submit(args: argparse.Namespace) -> int:
     from gridstream.client import Client
 
-    async with Client(_scheduler_address(args)) as client:
+    async with Client(_scheduler_address(args), security=_security(args)) as client:
         job_id = await client.submit(args.job_file)
     print(job_id)
     return 0
@@ -111,7 +150,7 @@ async def _results(args: argparse.Namespace) -> int:
 
     from gridstream.client import Client
 
-    async with Client(_scheduler_address(args)) as client:
+    async with Client(_scheduler_address(args), security=_security(args)) as client:
         rows = await client.results(args.job_id)
     for key in sorted(rows)[: args.limit or None]:
         print(f"{key}\t{json.dumps(rows[key])}")
@@ -121,7 +160,7 @@ async def _results(args: argparse.Namespace) -> int:
 async def _cancel(args: argparse.Namespace) -> int:
     from gridstream.client import Client
 
-    async with Client(_scheduler_address(args)) as client:
+    async with Client(_scheduler_address(args), security=_security(args)) as client:
         info = await client.cancel(args.job_id)
     print(f"{info.job_id}: {JOB_STATES.get(info.state, '?')}")
     return 0
@@ -200,7 +239,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "(exit 0 when SERVING; for container health checks)")
     health.add_argument("address", help="host:port of any gridstream service")
     health.add_argument("--timeout", type=float, default=3.0, help="seconds to wait (default 3)")
+    health.add_argument("--config", help="TOML config file (for TLS settings)")
     health.set_defaults(run=_health)
+
+    certs = sub.add_parser("certs", help="create a local CA, certificates and tokens for a "
+                           "dev cluster with mutual TLS")
+    certs.add_argument("--out", default=".gridstream/certs", help="directory to write into")
+    certs.add_argument("--hosts", default="localhost,127.0.0.1",
+                       help="comma-separated names and addresses the node certificate covers")
+    certs.set_defaults(run=_certs)
 
     submit = sub.add_parser("submit", help="submit a job file (TOML); prints the job id")
     _add_client_flags(submit)

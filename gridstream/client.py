@@ -28,6 +28,7 @@ from typing import Any
 import grpc
 
 from gridstream import codec, rpc
+from gridstream.config import SecurityConfig
 from gridstream.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -67,17 +68,19 @@ class Client:
         batch_size: int = DEFAULT_BATCH_SIZE,
         producer_id: str | None = None,
         send_timeout_s: float = 60.0,
+        security: SecurityConfig | None = None,
     ) -> None:
         """``producer_id`` names this client's channel; give a stable one to
         resume a stream exactly once after the client restarts (sequences then
-        continue from ``start_sequence``)."""
+        continue from ``start_sequence``). ``security`` gives the CA, client
+        certificate and bearer token for a cluster that requires TLS and tokens."""
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.scheduler_address = scheduler
         self.batch_size = batch_size
         self.channel_name = f"src/{producer_id or uuid.uuid4().hex}"
         self.send_timeout_s = send_timeout_s
-        self._channels = rpc.ChannelPool()
+        self._channels = rpc.ChannelPool(security)
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel(scheduler))
         self._table = scheduler_pb2.RoutingTable()
         self._sequences: dict[tuple[str, int], int] = {}

@@ -132,6 +132,34 @@ class StateServerConfig:
 
 
 @dataclass(frozen=True)
+class SecurityConfig:
+    """TLS, mutual TLS and bearer tokens; all off by default (plaintext loopback)."""
+
+    tls: bool = False
+    """Serve and call over TLS. Needs ca_file, cert_file and key_file."""
+
+    ca_file: str = ""
+    """PEM bundle of the CA that signs every member's (and client's) certificate."""
+
+    cert_file: str = ""
+    """PEM certificate of this process (server, and client for mutual TLS)."""
+
+    key_file: str = ""
+    """PEM private key of cert_file."""
+
+    require_client_cert: bool = True
+    """With tls: refuse callers without a certificate signed by ca_file (mutual TLS)."""
+
+    tokens_file: str = ""
+    """Services: TOML file mapping bearer tokens to rights, ``[tokens] "<token>" =
+    ["submit", "send", "read"]`` (or ``["admin"]``: everything, as members need).
+    Empty: no token checks. Needs tls."""
+
+    token: str = ""
+    """Bearer token this process sends on its calls (members: an admin token)."""
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration of a gridstream process."""
 
@@ -149,6 +177,9 @@ class Config:
 
     stateserver: StateServerConfig = field(default_factory=StateServerConfig)
     """State-server settings."""
+
+    security: SecurityConfig = field(default_factory=SecurityConfig)
+    """TLS and token settings."""
 
     log_json: bool = False
     """Log one JSON object per line instead of plain text."""
@@ -175,6 +206,22 @@ class Config:
                 raise ConfigError(f"config key {key} {why}")
         if ":" not in self.scheduler_address:
             raise ConfigError("config key scheduler_address must be host:port")
+        security = self.security
+        if security.tls:
+            for key in ("ca_file", "cert_file", "key_file"):
+                value = getattr(security, key)
+                if not value:
+                    raise ConfigError(f"config key security.{key} must be set when "
+                                      "security.tls is true")
+                if not Path(value).is_file():
+                    raise ConfigError(f"config key security.{key}: {value} does not exist")
+        if security.tokens_file:
+            if not security.tls:
+                raise ConfigError("config key security.tokens_file needs security.tls = true "
+                                  "(tokens must not cross the network in plaintext)")
+            if not Path(security.tokens_file).is_file():
+                raise ConfigError(f"config key security.tokens_file: {security.tokens_file} "
+                                  "does not exist")
         return self
 
 

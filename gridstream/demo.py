@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from gridstream.client import Client
-from gridstream.config import Config
+from gridstream.config import Config, SecurityConfig
 from gridstream.examples import taxi, wordcount
 from gridstream.local import LocalCluster
 
@@ -79,11 +79,12 @@ def workload(
 
 
 async def run_on(scheduler: str, name: str, records: int, batch_size: int = 5_000,
-                 delivery: str = "exactly_once") -> DemoReport:
+                 delivery: str = "exactly_once",
+                 security: SecurityConfig | None = None) -> DemoReport:
     """Runs a workload against a running cluster and checks it."""
     spec, keys, data, expected, units_count, units = workload(name, records)
     spec = replace(spec, delivery=delivery)
-    async with Client(scheduler, batch_size=batch_size) as client:
+    async with Client(scheduler, batch_size=batch_size, security=security) as client:
         job_id = await client.submit(spec)
         started = time.monotonic()
         await client.send(job_id, data, keys)
@@ -111,4 +112,5 @@ async def run_demo(
     async with LocalCluster(directory, config, workers, state_servers) as cluster:
         print(f"cluster ready; scheduler at {cluster.scheduler_address}; running {name} "
               f"on {records:,} input units", flush=True)
-        return await run_on(cluster.scheduler_address, name, records)
+        return await run_on(cluster.scheduler_address, name, records,
+                            security=cluster.config.security)

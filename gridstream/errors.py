@@ -72,6 +72,12 @@ class DataLoss(GridstreamError):
     code = grpc.StatusCode.DATA_LOSS
 
 
+class Unauthenticated(GridstreamError):
+    """The call carried no known bearer token."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
 class Internal(GridstreamError):
     """A bug in gridstream; the message says where to look."""
 
@@ -89,6 +95,7 @@ _BY_CODE: dict[grpc.StatusCode, type[GridstreamError]] = {
         DeadlineExceeded,
         PermissionDenied,
         DataLoss,
+        Unauthenticated,
         Internal,
     )
 }

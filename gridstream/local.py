@@ -23,7 +23,8 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gridstream.config import Config, to_toml
+from gridstream import rpc
+from gridstream.config import Config, SecurityConfig, to_toml
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +56,12 @@ class MemberProcess:
         return self.process is not None and self.process.poll() is None
 
 
-async def wait_healthy(address: str, timeout_s: float = 30.0, service: str = "") -> None:
+async def wait_healthy(address: str, timeout_s: float = 30.0, service: str = "",
+                       security: SecurityConfig | None = None) -> None:
     """Waits until a gRPC server reports SERVING on the health service."""
     deadline = time.monotonic() + timeout_s
     last = "no answer"
-    async with grpc.aio.insecure_channel(address) as channel:
+    async with rpc.open_channel(address, security) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             try:
@@ -149,7 +151,8 @@ class LocalCluster:
         ready = json.loads(member.ready_file.read_text())
         member.address = ready["address"]
         member.metrics_address = ready.get("metrics", "")
-        await wait_healthy(member.address, max(1.0, deadline - time.monotonic()))
+        await wait_healthy(member.address, max(1.0, deadline - time.monotonic()),
+                           security=self.config.security)
 
     def _member(self, name: str, role: str, argv: list[str]) -> MemberProcess:
         member = MemberProcess(
@@ -238,7 +241,7 @@ class LocalCluster:
 
         wanted = {n for n, m in self.members.items() if m.role != "scheduler" and m.alive()}
         deadline = time.monotonic() + timeout_s
-        async with Client(self.scheduler_address) as client:
+        async with Client(self.scheduler_address, security=self.config.security) as client:
             while True:
                 status = await client.status()
                 alive = {m.member.node_id for m in status.members if m.member.state == 1}

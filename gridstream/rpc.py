@@ -6,10 +6,12 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 
+from gridstream.config import SecurityConfig
 from gridstream.errors import GridstreamError
 
 log = logging.getLogger(__name__)
@@ -48,23 +50,62 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
 ]
 
 
-def open_channel(address: str) -> grpc.aio.Channel:
-    """A plaintext channel with gridstream's keepalive and size settings."""
+_process_security: SecurityConfig = SecurityConfig()
+
+
+def configure_security(security: SecurityConfig) -> None:
+    """Sets the TLS and token settings every channel of this process uses
+    (services call it once at start, from their config)."""
+    global _process_security
+    _process_security = security
+
+
+def channel_credentials(security: SecurityConfig) -> grpc.ChannelCredentials:
+    """TLS credentials (with a client certificate for mutual TLS, and the bearer
+    token on every call when one is set)."""
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=Path(security.ca_file).read_bytes(),
+        private_key=Path(security.key_file).read_bytes() if security.key_file else None,
+        certificate_chain=Path(security.cert_file).read_bytes() if security.cert_file else None,
+    )
+    if security.token:
+        credentials = grpc.composite_channel_credentials(
+            credentials, grpc.access_token_call_credentials(security.token))
+    return credentials
+
+
+def open_channel(address: str, security: SecurityConfig | None = None) -> grpc.aio.Channel:
+    """A channel with gridstream's keepalive and size settings: TLS when the
+    given (or this process's) security settings say so, plaintext otherwise."""
+    security = security or _process_security
+    if security.tls:
+        return grpc.aio.secure_channel(address, channel_credentials(security),
+                                       options=CHANNEL_OPTIONS)
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+def server_credentials(security: SecurityConfig) -> grpc.ServerCredentials:
+    """TLS for a server; with require_client_cert, mutual TLS."""
+    return grpc.ssl_server_credentials(
+        [(Path(security.key_file).read_bytes(), Path(security.cert_file).read_bytes())],
+        root_certificates=Path(security.ca_file).read_bytes(),
+        require_client_auth=security.require_client_cert,
+    )
 
 
 class ChannelPool:
     """One channel per peer address, opened on first use and closed together:
     gRPC multiplexes every call to a peer over it."""
 
-    def __init__(self) -> None:
+    def __init__(self, security: SecurityConfig | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._security = security
 
     def get(self, address: str) -> grpc.aio.Channel:
         """The channel to an address."""
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = open_channel(address)
+            channel = self._channels[address] = open_channel(address, self._security)
         return channel
 
     async def close(self) -> None:

@@ -23,6 +23,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from gridstream import rpc
+from gridstream.auth import TokenAuthInterceptor, load_tokens
+from gridstream.config import SecurityConfig
 from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -65,8 +67,12 @@ class ServiceHost:
     supervisors and tests wait on it instead of sleeping.
     """
 
-    def __init__(self, service_names: list[str]) -> None:
-        self.server = grpc.aio.server(options=rpc.SERVER_OPTIONS)
+    def __init__(self, service_names: list[str], security: SecurityConfig | None = None) -> None:
+        self.security = security or SecurityConfig()
+        interceptors = []
+        if self.security.tokens_file:
+            interceptors.append(TokenAuthInterceptor(load_tokens(self.security.tokens_file)))
+        self.server = grpc.aio.server(options=rpc.SERVER_OPTIONS, interceptors=interceptors)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
         self._service_names = service_names
@@ -77,7 +83,11 @@ class ServiceHost:
 
     async def start(self, host: str, port: int) -> int:
         """Binds and starts; returns the bound port (useful with port 0)."""
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.security.tls:
+            self.port = self.server.add_secure_port(
+                f"{host}:{port}", rpc.server_credentials(self.security))
+        else:
+            self.port = self.server.add_insecure_port(f"{host}:{port}")
         if self.port == 0:
             raise OSError(f"cannot bind {host}:{port}; is the port in use?")
         await self.server.start()

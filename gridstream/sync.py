@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gridstream.client import DEFAULT_BATCH_SIZE, Client
+from gridstream.config import SecurityConfig
 from gridstream.jobspec import JobSpec
 from gridstream.v1 import common_pb2, scheduler_pb2
 
@@ -20,13 +21,16 @@ class SyncClient:
     """Same calls as Client, blocking."""
 
     def __init__(self, scheduler: str, *, batch_size: int = DEFAULT_BATCH_SIZE,
-                 producer_id: str | None = None) -> None:
+                 producer_id: str | None = None, security: SecurityConfig | None = None) -> None:
         self._runner = asyncio.Runner()
-        self._client: Client = self._runner.run(self._make(scheduler, batch_size, producer_id))
+        self._client: Client = self._runner.run(
+            self._make(scheduler, batch_size, producer_id, security))
 
     @staticmethod
-    async def _make(scheduler: str, batch_size: int, producer_id: str | None) -> Client:
-        return Client(scheduler, batch_size=batch_size, producer_id=producer_id)
+    async def _make(scheduler: str, batch_size: int, producer_id: str | None,
+                    security: SecurityConfig | None) -> Client:
+        return Client(scheduler, batch_size=batch_size, producer_id=producer_id,
+                      security=security)
 
     def __enter__(self) -> SyncClient:
         return self

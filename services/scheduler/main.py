@@ -9,6 +9,7 @@ import os
 import time
 from dataclasses import replace
 
+from gridstream import rpc
 from gridstream.config import Config, ConfigError, load_config
 from gridstream.metrics import MetricsServer
 from gridstream.service import ServiceHost, run_service, setup_logging, write_ready_file
@@ -69,7 +70,7 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
         membership.restore(node_id, role, address, incarnation, now)
     core = SchedulerCore(config, registry, membership)
     await registry.save_epoch(membership.epoch)
-    host = ServiceHost(["gridstream.v1.Scheduler"])
+    host = ServiceHost(["gridstream.v1.Scheduler"], config.security)
     metrics = MetricsServer()
     scheduler_pb2_grpc.add_SchedulerServicer_to_server(SchedulerServicer(core), host.server)
     try:
@@ -102,4 +103,5 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         raise SystemExit(f"gridstream scheduler: {exc}") from None
     setup_logging("scheduler", config.log_json)
+    rpc.configure_security(config.security)
     run_service(lambda stop: serve(config, args.ready_file, stop))

@@ -19,7 +19,7 @@ from gridstream.errors import (
     NotFound,
     from_rpc_error,
 )
-from gridstream.jobspec import JobSpec, plan_tasks
+from gridstream.jobspec import JobSpec
 from gridstream.metrics import Metric, counter, gauge
 from gridstream.rpc import servicer_method
 from gridstream.v1 import (
@@ -33,6 +33,7 @@ from gridstream.v1 import (
 )
 from services.scheduler.jobs import JobRecord, JobRegistry
 from services.scheduler.membership import Membership, Transition
+from services.scheduler.progress import DrainVerdict, drain_verdict
 from services.scheduler.routing import RoutingTables
 
 log = logging.getLogger(__name__)
@@ -222,46 +223,36 @@ class SchedulerCore:
 
     async def progress(self, job_id: str) -> scheduler_pb2.JobProgress:
         """Gathers task counters from every live worker and decides if the job
-        has drained: every (task, partition) reported, all queues empty,
-        nothing in flight between tasks or to the state server."""
+        has drained (the rule is ``progress.drain_verdict``). Also not drained:
+        a worker that could not be asked, a job that is not running, or an
+        epoch that moved while the counters were gathered."""
         record = self.job(job_id)
         epoch = self.membership.epoch
         request = worker_pb2.GetTaskProgressRequest(job_id=job_id)
-        reachable = True
+        unreachable: list[str] = []
 
-        async def ask(address: str) -> list[common_pb2.TaskProgress]:
-            nonlocal reachable
+        async def ask(node_id: str, address: str) -> list[common_pb2.TaskProgress]:
             stub = worker_pb2_grpc.WorkerStub(self.channel(address))
             try:
                 response = await stub.GetTaskProgress(request, timeout=rpc.CONTROL_TIMEOUT_S)
-            except grpc.aio.AioRpcError:
-                reachable = False
+            except grpc.aio.AioRpcError as exc:
+                unreachable.append(f"{node_id} ({exc.code().name})")
                 return []
             return list(response.tasks)
 
-        answers = await asyncio.gather(*(ask(a) for _, a in self.workers()))
+        answers = await asyncio.gather(*(ask(n, a) for n, a in self.workers()))
         tasks = [t for answer in answers for t in answer]
-        expected = {(t, p) for t in range(len(plan_tasks(record.spec)))
-                    for p in range(record.spec.partitions)}
-        seen: dict[tuple[int, int], common_pb2.TaskProgress] = {}
-        duplicated = False
-        for t in tasks:
-            if (t.task, t.partition) in seen:
-                duplicated = True
-            seen[(t.task, t.partition)] = t
-        drained = (
-            reachable
-            and not duplicated
-            and record.state == common_pb2.JOB_STATE_RUNNING
-            and set(seen) == expected
-            and epoch == self.membership.epoch
-            and all(
-                t.queue_batches == 0 and t.outbound_pending == 0 and t.persist_pending == 0
-                and t.records_processed == t.records_in
-                for t in seen.values()
-            )
-        )
-        return scheduler_pb2.JobProgress(job_id=job_id, tasks=tasks, drained=drained,
+        if unreachable:
+            verdict = DrainVerdict(False, f"no progress from {', '.join(unreachable)}")
+        elif record.state != common_pb2.JOB_STATE_RUNNING:
+            verdict = DrainVerdict(False, "the job is not running")
+        elif epoch != self.membership.epoch:
+            verdict = DrainVerdict(False, "the epoch changed while gathering")
+        else:
+            verdict = drain_verdict(record.spec, tasks)
+        if not verdict.drained:
+            log.debug("%s not drained: %s", job_id, verdict.reason)
+        return scheduler_pb2.JobProgress(job_id=job_id, tasks=tasks, drained=verdict.drained,
                                          epoch=epoch)
 
     def status(self) -> scheduler_pb2.ClusterStatus:

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from gridstream import rpc
 from gridstream.config import Config, ConfigError, load_config
 from gridstream.metrics import Metric, MetricsServer, counter, gauge
 from gridstream.service import (
@@ -135,7 +136,7 @@ async def serve(options: Options, stop: asyncio.Event) -> None:
     settings = config.stateserver
     db_path = Path(settings.data_dir) / DB_FILE
     async with SnapshotStore(db_path, keep_windows=settings.keep_windows) as store:
-        host = ServiceHost([SERVICE_NAME])
+        host = ServiceHost([SERVICE_NAME], config.security)
         stateserver_pb2_grpc.add_StateServerServicer_to_server(
             StateServerServicer(store), host.server
         )
@@ -181,4 +182,5 @@ def main(argv: Sequence[str] | None = None) -> None:
     async def service_main(stop: asyncio.Event) -> None:
         await serve(options, stop)
 
+    rpc.configure_security(options.config.security)
     run_service(service_main)

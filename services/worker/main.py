@@ -9,6 +9,7 @@ import logging
 import os
 from dataclasses import replace
 
+from gridstream import rpc
 from gridstream.config import Config, ConfigError, load_config
 from gridstream.metrics import MetricsServer
 from gridstream.service import (
@@ -62,7 +63,7 @@ def build_config(args: argparse.Namespace) -> Config:
 async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> None:
     """Runs the worker until ``stop`` is set, then drains."""
     node_id = config.worker.node_id
-    host = ServiceHost(["gridstream.v1.Worker"])
+    host = ServiceHost(["gridstream.v1.Worker"], config.security)
     metrics = MetricsServer()
     channels = Channels()
     scheduler_channel = channels.get(config.scheduler_address)
@@ -106,4 +107,5 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as exc:
         raise SystemExit(f"gridstream worker: {exc}") from None
     setup_logging(f"worker[{config.worker.node_id}]", config.log_json)
+    rpc.configure_security(config.security)
     run_service(lambda stop: serve(config, args.ready_file, stop))
