@@ -1,0 +1,38 @@
+"""The drain rule, on hand-made counters."""
+
+from __future__ import annotations
+
+from gridstream.examples import wordcount
+from gridstream.v1 import common_pb2
+from services.scheduler.progress import drain_verdict
+
+SPEC = wordcount.job(partitions=2)
+
+
+def idle(task: int, partition: int, records: int = 10, out: int = 0) -> common_pb2.TaskProgress:
+    return common_pb2.TaskProgress(task=task, partition=partition, records_in=records,
+                                   records_processed=records, records_out=out)
+
+
+def test_idle_everywhere_is_drained_even_after_tasks_moved() -> None:
+    # Task 1 partition 0 restarted on another worker: its counters began again,
+    # so task 0's output no longer adds up to task 1's input; still drained.
+    entries = [idle(0, 0, out=30), idle(0, 1, out=30), idle(1, 0, records=3), idle(1, 1, 30)]
+    assert drain_verdict(SPEC, entries).drained
+
+
+def test_work_anywhere_means_not_drained() -> None:
+    base = [idle(0, 0), idle(0, 1), idle(1, 0), idle(1, 1)]
+    for field in ("queue_batches", "outbound_pending", "persist_pending"):
+        entries = [*base[:-1], common_pb2.TaskProgress(task=1, partition=1, **{field: 1})]
+        verdict = drain_verdict(SPEC, entries)
+        assert not verdict.drained and "task 1 partition 1" in verdict.reason
+    behind = [*base[:-1], common_pb2.TaskProgress(task=1, partition=1, records_in=5,
+                                                   records_processed=4)]
+    assert "processed 4 of 5" in drain_verdict(SPEC, behind).reason
+
+
+def test_missing_or_doubled_entries_mean_not_drained() -> None:
+    assert "has not reported" in drain_verdict(SPEC, [idle(0, 0), idle(0, 1), idle(1, 0)]).reason
+    doubled = [idle(0, 0), idle(0, 1), idle(1, 0), idle(1, 1), idle(1, 1)]
+    assert "reported twice" in drain_verdict(SPEC, doubled).reason
