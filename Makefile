@@ -28,7 +28,7 @@ demo: setup
 	$(VENV)/bin/gridstream demo taxi
 
 lint: setup
-	$(VENV)/bin/ruff check gridstream services tests bench deploy $(wildcard spark_bridge/*.py)
+	$(VENV)/bin/ruff check gridstream services tests bench deploy spark_bridge
 	$(VENV)/bin/mypy
 
 test: setup lint

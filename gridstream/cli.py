@@ -169,6 +169,14 @@ async def _cancel(args: argparse.Namespace) -> int:
 async def _demo(args: argparse.Namespace) -> int:
     from gridstream.demo import run_demo
 
+    if args.name == "spark-taxi":
+        from spark_bridge.demo import run_spark_taxi
+
+        spark_report = await run_spark_taxi(records=args.records or 20_000,
+                                            run_dir=args.run_dir)
+        print(spark_report.table())
+        return 0 if spark_report.match else 1
+
     config = load_config(args.config)
     report = await run_demo(args.name, args.records, args.workers, args.state_servers,
                             args.run_dir, config)
@@ -268,10 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run a demo on a fresh local cluster and check it",
                           description="Start a local cluster, run the example, compare with an "
                           "in-process reference; exit 1 on any difference.")
-    demo.add_argument("name", choices=["taxi", "wordcount"])
+    demo.add_argument("name", choices=["taxi", "wordcount", "spark-taxi"])
     demo.add_argument("--records", type=int,
                       help="input size (taxi: records, default 200000; wordcount: words, "
-                      "default 300000)")
+                      "default 300000; spark-taxi: records, default 20000)")
     demo.add_argument("--workers", type=int, default=3)
     demo.add_argument("--state-servers", type=int, default=2)
     demo.add_argument("--run-dir", help="directory for logs and data (default: a temp dir)")
