@@ -20,7 +20,7 @@ from gridstream.errors import GridstreamError
 
 SERVICES = {"scheduler": "services.scheduler", "worker": "services.worker",
             "stateserver": "services.stateserver"}
-STATE_NAMES = {0: "new", 1: "alive", 2: "suspect", 3: "dead"}
+STATE_NAMES = {0: "gone", 1: "alive", 2: "suspect", 3: "dead", 4: "leaving"}
 ROLE_NAMES = {0: "?", 1: "worker", 2: "stateserver"}
 JOB_STATES = {0: "?", 1: "running", 2: "cancelled", 3: "failed"}
 
@@ -63,11 +63,14 @@ async def _status(args: argparse.Namespace) -> int:
         status = await client.status()
         print(f"epoch {status.epoch}")
         print(f"{'member':<14}{'role':<13}{'state':<9}{'address':<22}{'partitions':>10}"
-              f"{'heartbeat age':>15}{'phi':>7}")
+              f"{'heartbeat age':>15}{'phi':>7}{'snapshots':>11}{'snapshot MB':>13}")
         for m in status.members:
+            stored = (f"{m.snapshots:>11}{m.snapshot_bytes / 1e6:>13.2f}"
+                      if m.member.role == 2 else "")
             print(f"{m.member.node_id:<14}{ROLE_NAMES.get(m.member.role, '?'):<13}"
                   f"{STATE_NAMES.get(m.member.state, '?'):<9}{m.member.address:<22}"
-                  f"{m.partitions_owned:>10}{m.last_heartbeat_age_s:>14.2f}s{m.phi:>7.2f}")
+                  f"{m.partitions_owned:>10}{m.last_heartbeat_age_s:>14.2f}s{m.phi:>7.2f}"
+                  f"{stored}")
         if status.events:
             print("\nrecent membership changes:")
             for e in list(status.events)[-10:]:
@@ -206,6 +209,16 @@ async def _up(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _retire(args: argparse.Namespace) -> int:
+    from gridstream.client import Client
+
+    async with Client(_scheduler_address(args), security=_security(args)) as client:
+        epoch = await client.retire_state_server(args.node_id)
+    print(f"{args.node_id} is retiring (epoch {epoch}): it hands its share to the other "
+          "replicas and then exits; follow it with `gridstream status`")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every command."""
     parser = argparse.ArgumentParser(
@@ -268,6 +281,15 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument("--limit", type=int, default=0, help="print at most this many rows")
     results.set_defaults(run=_results)
 
+    retire = sub.add_parser(
+        "retire", help="retire a state server (also `gridstream stateserver retire NODE`)",
+        description="Take a state server out of the write ring; it hands its share to the "
+        "other replicas, every snapshot keeping R copies throughout, then exits.")
+    _add_client_flags(retire)
+    retire.add_argument("node_id", help="node id of the state server, as `gridstream status` "
+                        "lists it")
+    retire.set_defaults(run=_retire)
+
     cancel = sub.add_parser("cancel", help="cancel a job and delete its state")
     _add_client_flags(cancel)
     cancel.add_argument("job_id")
@@ -302,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``gridstream``."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["stateserver", "retire"]:
+        argv = ["retire", *argv[2:]]
     if argv and argv[0] in SERVICES:
         os.execv(sys.executable, [sys.executable, "-m", SERVICES[argv[0]], *argv[1:]])
     if argv and argv[0] == "chaos":

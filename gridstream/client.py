@@ -40,12 +40,12 @@ from gridstream.errors import (
 )
 from gridstream.ids import partition_for_key
 from gridstream.jobspec import JobSpec, load_job_file
+from gridstream.replicas import ReplicaClient
+from gridstream.routing import RoutingView
 from gridstream.v1 import (
     common_pb2,
     scheduler_pb2,
     scheduler_pb2_grpc,
-    stateserver_pb2,
-    stateserver_pb2_grpc,
     worker_pb2,
     worker_pb2_grpc,
 )
@@ -86,6 +86,8 @@ class Client:
         self._sequences: dict[tuple[str, int], int] = {}
         self._partition_locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._round_robin = itertools.count()
+        self._state = ReplicaClient(RoutingView(self._scheduler, virtual_nodes=100),
+                                    self._channels)
 
     async def __aenter__(self) -> Client:
         return self
@@ -95,6 +97,7 @@ class Client:
 
     async def close(self) -> None:
         """Closes every channel."""
+        await self._state.close()
         await self._channels.close()
 
     def _channel(self, address: str) -> grpc.aio.Channel:
@@ -324,49 +327,33 @@ class Client:
 
     # -- results ----------------------------------------------------------
 
-    async def _state_servers(self) -> list[str]:
-        table: scheduler_pb2.RoutingTable = await self._call(
-            "fetching the routing table", self._scheduler.GetRoutingTable,
-            scheduler_pb2.GetRoutingTableRequest(), rpc.CONTROL_TIMEOUT_S,
-        )
-        self._table = table
-        return [m.address for m in table.members
-                if m.role == scheduler_pb2.MEMBER_ROLE_STATE_SERVER
-                and m.state != scheduler_pb2.MEMBER_STATE_DEAD]
-
     async def results(self, job_id: str) -> dict[str, Any]:
-        """The job's sink table: {key: value}, read from the state servers."""
+        """The job's sink table: {key: value}, merged from the state-server
+        replicas (the newest version of each key wins)."""
         await self.job(job_id)  # NotFound for an unknown job
-        out: dict[str, Any] = {}
-        for address in await self._state_servers():
-            stub = stateserver_pb2_grpc.StateServerStub(self._channel(address))
-            try:
-                async for chunk in stub.ReadResults(
-                    stateserver_pb2.ReadResultsRequest(job_id=job_id), timeout=rpc.DATA_TIMEOUT_S
-                ):
-                    for key, value in codec.unpack(chunk.rows):
-                        out[key] = json.loads(value)
-            except grpc.aio.AioRpcError as exc:
-                raise from_rpc_error(exc, f"reading results from {address}") from None
-        return out
+        await self._state.routing.refresh()
+        rows = await self._state.read_results(job_id)
+        return {key: json.loads(value) for key, (value, _version) in rows.items()}
 
     async def dead_letters(self, job_id: str) -> list[dict[str, str]]:
         """Records an operator raised on: id, stage, record and error."""
         await self.job(job_id)
-        out: list[dict[str, str]] = []
-        for address in await self._state_servers():
-            stub = stateserver_pb2_grpc.StateServerStub(self._channel(address))
-            try:
-                async for chunk in stub.ReadDeadLetters(
-                    stateserver_pb2.ReadDeadLettersRequest(job_id=job_id),
-                    timeout=rpc.DATA_TIMEOUT_S,
-                ):
-                    for entry_id, stage, record, error in codec.unpack(chunk.entries):
-                        out.append({"id": entry_id, "stage": stage, "record": record,
-                                    "error": error})
-            except grpc.aio.AioRpcError as exc:
-                raise from_rpc_error(exc, f"reading dead letters from {address}") from None
-        return sorted(out, key=lambda d: d["id"])
+        await self._state.routing.refresh()
+        return [
+            {"id": entry_id, "stage": stage, "record": record, "error": error}
+            for entry_id, stage, record, error in await self._state.read_dead_letters(job_id)
+        ]
+
+    # -- administration -----------------------------------------------------
+
+    async def retire_state_server(self, node_id: str) -> int:
+        """Starts retiring a state server (admin right): it takes no new writes,
+        hands its share to the other replicas, then leaves. Returns the epoch."""
+        response = await self._call(
+            f"retiring {node_id}", self._scheduler.RetireMember,
+            scheduler_pb2.RetireMemberRequest(node_id=node_id), rpc.CONTROL_TIMEOUT_S,
+        )
+        return int(response.epoch)
 
 
 __all__ = ["DEFAULT_BATCH_SIZE", "Client", "GridstreamError"]

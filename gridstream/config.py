@@ -46,7 +46,13 @@ class ClusterConfig:
     """Ring successors holding a copy of each JobContainer append."""
 
     replica_count: int = 2
-    """State servers holding each window snapshot."""
+    """R: state servers holding a copy of each operator's snapshots and rows
+    (capped at the number of state servers). The scheduler publishes it to
+    every member in the routing table."""
+
+    write_quorum: int = 0
+    """W: replicas that must acknowledge a snapshot or row write before it
+    counts; 0 means a majority of replica_count."""
 
     tracker_count: int = 2
     """Tracking units over which XOR tuple-tracking records are spread."""
@@ -127,6 +133,14 @@ class StateServerConfig:
     keep_windows: int = 2
     """Window snapshots kept per operator; older ones are deleted."""
 
+    sync_interval_s: float = 2.0
+    """How often a replica compares its holdings with its peers' and copies
+    what it lacks (also at once after every membership change)."""
+
+    cleanup_interval_s: float = 30.0
+    """How often a replica deletes the state of cancelled or failed jobs and
+    the copies it held for a replica that has caught up since."""
+
     metrics_port: int = 0
     """Port of the Prometheus /metrics endpoint; 0 picks a free one, -1 turns it off."""
 
@@ -200,6 +214,12 @@ class Config:
             ("worker.push_timeout_s", self.worker.push_timeout_s > 0, "must be > 0"),
             ("worker.max_record_attempts", self.worker.max_record_attempts >= 1, "must be >= 1"),
             ("stateserver.keep_windows", self.stateserver.keep_windows >= 1, "must be >= 1"),
+            ("cluster.write_quorum",
+             0 <= self.cluster.write_quorum <= self.cluster.replica_count,
+             "must be 0 (majority) or between 1 and cluster.replica_count"),
+            ("stateserver.sync_interval_s", self.stateserver.sync_interval_s > 0, "must be > 0"),
+            ("stateserver.cleanup_interval_s", self.stateserver.cleanup_interval_s > 0,
+             "must be > 0"),
         ]
         for key, ok, why in checks:
             if not ok:

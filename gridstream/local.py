@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gridstream import rpc
 from gridstream.config import Config, SecurityConfig, to_toml
+from gridstream.service import RETIRED_EXIT_CODE
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +214,10 @@ class LocalCluster:
             for member in list(self.members.values()):
                 if member.alive() or member.name in self._paused or self._stopping:
                     continue
+                if member.process is not None and member.process.returncode == RETIRED_EXIT_CODE:
+                    self._paused.add(member.name)  # it retired: like systemd, do not restart
+                    log.info("%s retired; not restarting it", member.name)
+                    continue
                 noticed = time.monotonic()
                 log.warning("%s exited with %s; restarting in %.1fs", member.name,
                             member.process.returncode if member.process else "?",
@@ -226,6 +231,33 @@ class LocalCluster:
                     log.exception("restarting %s failed; will retry", member.name)
                     continue
                 self.restart_log.append((member.name, noticed, time.monotonic()))
+
+    async def add_state_server(self, join: bool = True) -> str:
+        """Starts one more state server while the cluster runs; with ``join``
+        it reports ready only after copying its share from its peers."""
+        index = 1 + sum(1 for m in self.members.values() if m.role == "stateserver")
+        name = f"state-{index}"
+        member = self._member(
+            name, "stateserver",
+            ["--node-id", name, "--host", self.host, "--port", "0",
+             "--data-dir", str(self.run_dir / name), "--scheduler", self.scheduler_address,
+             *(["--join"] if join else [])],
+        )
+        self._spawn(member)
+        await self._await_ready(member)
+        return name
+
+    async def wait_exit(self, name: str, timeout_s: float = 60.0) -> int:
+        """Waits until a member's process exits on its own; its exit code."""
+        member = self.members[name]
+        assert member.process is not None
+        deadline = time.monotonic() + timeout_s
+        while member.process.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} still running after {timeout_s:.0f}s; "
+                                   f"see {member.log_path}")
+            await asyncio.sleep(0.05)
+        return member.process.returncode
 
     def hold(self, name: str) -> None:
         """Keeps the supervisor from restarting a member until :meth:`release`."""

@@ -30,6 +30,11 @@ from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc
 log = logging.getLogger(__name__)
 
 
+RETIRED_EXIT_CODE = 10
+"""Exit status of a member that retired and left the cluster: supervisors must
+not restart it (systemd: ``RestartPreventExitStatus=10``)."""
+
+
 class JsonLogFormatter(logging.Formatter):
     """One JSON object per line, for log shippers."""
 
@@ -130,8 +135,10 @@ class MemberAgent:
         address: str,
         on_epoch: Callable[[int], Coroutine[Any, Any, None]] | None = None,
         on_fence: Callable[[], Coroutine[Any, Any, None]] | None = None,
+        heartbeat_fields: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.scheduler_address = scheduler_address
+        self._heartbeat_fields = heartbeat_fields
         self.node_id = node_id
         self.role = role
         self.address = address
@@ -175,7 +182,8 @@ class MemberAgent:
                 else:
                     response = await self._stub.Heartbeat(
                         scheduler_pb2.HeartbeatRequest(
-                            node_id=self.node_id, incarnation=self.incarnation, epoch=self.epoch
+                            node_id=self.node_id, incarnation=self.incarnation, epoch=self.epoch,
+                            **(self._heartbeat_fields() if self._heartbeat_fields else {}),
                         ),
                         timeout=max(rpc.HEARTBEAT_TIMEOUT_S, self.interval_s * 2),
                     )

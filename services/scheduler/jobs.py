@@ -116,6 +116,11 @@ class JobRegistry:
             "VALUES (?, ?, ?, ?)", (node_id, role, address, incarnation))
         await self.db.commit()
 
+    async def delete_member(self, node_id: str) -> None:
+        """Forgets a member that left the cluster."""
+        await self.db.execute("DELETE FROM members WHERE node_id = ?", (node_id,))
+        await self.db.commit()
+
     async def load_members(self) -> list[tuple[str, int, str, str]]:
         """Every remembered registration."""
         async with self.db.execute(

@@ -31,6 +31,10 @@ class MemberRecord:
     phi: float = 0.0
     detected_at: float = 0.0
     """When it was last declared dead (monotonic), for recovery figures."""
+    snapshots: int = 0
+    """State servers: window snapshots held, from the last heartbeat."""
+    snapshot_bytes: int = 0
+    """State servers: bytes of those snapshots."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,8 @@ class Membership:
             verdict, phi = verdicts[node_id]
             record.phi = phi
             new = _STATE_OF[verdict]
+            if record.state == scheduler_pb2.MEMBER_STATE_LEAVING and verdict != Verdict.DEAD:
+                continue  # retiring: stays out of the write ring until it leaves or dies
             if new != record.state:
                 transitions.append(Transition(node_id, record.state, new, phi))
                 record.state = new
@@ -119,6 +125,32 @@ class Membership:
                     self.detector.forget(node_id)
                     self.bump(f"{node_id} declared dead (phi {phi:.1f})")
         return transitions
+
+    def retire(self, node_id: str) -> MemberRecord:
+        """Marks a live state server as leaving (a new epoch); raises KeyError
+        for an unknown member and ValueError for one that cannot be retired."""
+        record = self.members[node_id]
+        if record.role != scheduler_pb2.MEMBER_ROLE_STATE_SERVER:
+            raise ValueError(f"{node_id} is a worker; only state servers are retired "
+                             "(stop a worker with SIGTERM and its partitions move)")
+        if record.state == scheduler_pb2.MEMBER_STATE_DEAD:
+            raise ValueError(f"{node_id} is dead; start it again before retiring it, so "
+                             "its data can be handed over")
+        if record.state != scheduler_pb2.MEMBER_STATE_LEAVING:
+            record.state = scheduler_pb2.MEMBER_STATE_LEAVING
+            self.bump(f"{node_id} retiring")
+        return record
+
+    def remove(self, node_id: str, incarnation: str) -> bool:
+        """Forgets a member that left (a new epoch); False if it is unknown or
+        ``incarnation`` is not its current one."""
+        record = self.members.get(node_id)
+        if record is None or record.incarnation != incarnation:
+            return False
+        del self.members[node_id]
+        self.detector.forget(node_id)
+        self.bump(f"{node_id} left")
+        return True
 
     def mark_dead(self, node_id: str, now: float) -> None:
         """Declares a member dead without waiting for the detector."""

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 DETECTOR_TICK_S = 0.05
 _ROLES = (scheduler_pb2.MEMBER_ROLE_WORKER, scheduler_pb2.MEMBER_ROLE_STATE_SERVER)
-_STATE_NAMES = {1: "alive", 2: "suspect", 3: "dead"}
+_STATE_NAMES = {1: "alive", 2: "suspect", 3: "dead", 4: "leaving"}
 
 
 class SchedulerCore:
@@ -97,6 +97,39 @@ class SchedulerCore:
             await self.persist_epoch()
         return self.membership.epoch
 
+    async def retire(self, node_id: str) -> int:
+        """Starts retiring a state server; the epoch at which it stops taking writes."""
+        old = self.membership.members.get(node_id)
+        if old is None:
+            raise NotFound(f"unknown member {node_id!r}; see `gridstream status` for members")
+        old_state = old.state
+        try:
+            record = self.membership.retire(node_id)
+        except ValueError as exc:
+            raise FailedPrecondition(str(exc)) from None
+        if old_state != record.state:
+            self.record(node_id, old_state, record.state, record.phi)
+            log.info("%s retiring: out of the write ring at epoch %d", node_id,
+                     self.membership.epoch)
+            await self.persist_epoch()
+        return self.membership.epoch
+
+    async def deregister(self, node_id: str, incarnation: str) -> int:
+        """Forgets a member that handed over everything and is leaving."""
+        record = self.membership.members.get(node_id)
+        if record is None:
+            return self.membership.epoch
+        if record.state != scheduler_pb2.MEMBER_STATE_LEAVING:
+            raise FailedPrecondition(f"{node_id} is not retiring; retire it first "
+                                     "(gridstream stateserver retire)")
+        if not self.membership.remove(node_id, incarnation):
+            raise FailedPrecondition(f"{node_id} has registered again since; not removed")
+        self.record(node_id, scheduler_pb2.MEMBER_STATE_LEAVING, 0, 0.0)
+        await self.registry.delete_member(node_id)
+        await self.persist_epoch()
+        log.info("%s left the cluster", node_id)
+        return self.membership.epoch
+
     def metrics(self) -> list[Metric]:
         """Membership series for Prometheus, read at scrape time."""
         now = time.monotonic()
@@ -135,7 +168,10 @@ class SchedulerCore:
 
     def table(self) -> scheduler_pb2.RoutingTable:
         """The routing table of the current epoch."""
-        return self.tables.build(self.membership, self.registry.running(), self._jobs_version)
+        table = self.tables.build(self.membership, self.registry.running(), self._jobs_version)
+        table.state_replicas = self.config.cluster.replica_count
+        table.state_write_quorum = self.config.cluster.write_quorum
+        return table
 
     def workers(self) -> list[tuple[str, str]]:
         """(node_id, address) of live workers."""
@@ -272,7 +308,8 @@ class SchedulerCore:
                                             state=record.state),  # type: ignore[arg-type]
                 partitions_owned=owned.get(record.node_id, 0),
                 last_heartbeat_age_s=now - record.last_heartbeat,
-                phi=self.membership.detector.phi(record.node_id, now)))
+                phi=self.membership.detector.phi(record.node_id, now),
+                snapshots=record.snapshots, snapshot_bytes=record.snapshot_bytes))
         return scheduler_pb2.ClusterStatus(
             epoch=self.membership.epoch, members=members,
             jobs=[j.to_proto() for j in self.registry.jobs.values()],
@@ -300,6 +337,10 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         it was declared dead."""
         known = self.core.membership.heartbeat(request.node_id, request.incarnation,
                                                time.monotonic())
+        record = self.core.membership.members.get(request.node_id)
+        if known and record is not None:
+            record.snapshots = request.snapshots
+            record.snapshot_bytes = request.snapshot_bytes
         return scheduler_pb2.HeartbeatResponse(epoch=self.core.membership.epoch,
                                                reregister=not known)
 
@@ -354,3 +395,21 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                                context: grpc.aio.ServicerContext) -> scheduler_pb2.ClusterStatus:
         """Members, shares, phi, jobs and recent membership changes."""
         return self.core.status()
+
+    @servicer_method
+    async def RetireMember(self, request: scheduler_pb2.RetireMemberRequest,
+                           context: grpc.aio.ServicerContext
+                           ) -> scheduler_pb2.RetireMemberResponse:
+        """Starts retiring a state server."""
+        if not request.node_id:
+            raise InvalidArgument("node_id is empty; name the state server to retire")
+        return scheduler_pb2.RetireMemberResponse(epoch=await self.core.retire(request.node_id))
+
+    @servicer_method
+    async def Deregister(self, request: scheduler_pb2.DeregisterRequest,
+                         context: grpc.aio.ServicerContext) -> scheduler_pb2.DeregisterResponse:
+        """Removes a retired member that handed over everything."""
+        if not request.node_id or not request.incarnation:
+            raise InvalidArgument("node_id and incarnation must both be set")
+        return scheduler_pb2.DeregisterResponse(
+            epoch=await self.core.deregister(request.node_id, request.incarnation))

@@ -13,22 +13,27 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from gridstream import rpc
 from gridstream.config import Config, ConfigError, load_config
 from gridstream.metrics import Metric, MetricsServer, counter, gauge
+from gridstream.routing import RoutingView
 from gridstream.service import (
+    RETIRED_EXIT_CODE,
     MemberAgent,
     ServiceHost,
     run_service,
     setup_logging,
     write_ready_file,
 )
-from gridstream.v1 import scheduler_pb2, stateserver_pb2_grpc
+from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc, stateserver_pb2_grpc
+from services.stateserver.directory import JobDirectory
 from services.stateserver.server import StateServerServicer
 from services.stateserver.store import SnapshotStore, StoreStats
+from services.stateserver.sync import ReplicaSync
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +47,15 @@ STOP_GRACE_S = 5.0
 """How long in-flight calls may run after SIGTERM before they are cancelled."""
 
 
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     """The configuration plus the flags that only make sense on the command line."""
 
     config: Config
     ready_file: str | None
+    join: bool = False
+    standalone: bool = False
 
 
 def parse_args(argv: Sequence[str] | None = None) -> Options:
@@ -71,6 +79,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
                         "as JSON here once serving")
     parser.add_argument("--scheduler", metavar="HOST:PORT", help="scheduler to register with "
                         "(scheduler_address); the state server serves even while it is down")
+    parser.add_argument("--join", action="store_true", help="join a running group: copy this "
+                        "server's share from its peers before reporting ready")
+    parser.add_argument("--standalone", action="store_true", help="serve without a cluster: "
+                        "accept any job id, no replication or catch-up (tests, embedding)")
     args = parser.parse_args(argv)
     try:
         config = load_config(args.config)
@@ -92,7 +104,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         parser.error(str(exc))
     if not 0 <= config.stateserver.port <= 65535:
         parser.error(f"--port {config.stateserver.port} is not a port number (0..65535)")
-    return Options(config=config, ready_file=args.ready_file)
+    if args.join and args.standalone:
+        parser.error("--join and --standalone exclude each other: a standalone server has "
+                     "no group to join")
+    return Options(config=config, ready_file=args.ready_file, join=args.join,
+                   standalone=args.standalone)
 
 
 class StoreFigures:
@@ -130,47 +146,101 @@ class StoreFigures:
         return [snapshots, size, commits, writes]
 
 
-async def serve(options: Options, stop: asyncio.Event) -> None:
-    """Runs the state server until ``stop`` is set, then drains and closes in order."""
+async def serve(options: Options, stop: asyncio.Event) -> bool:
+    """Runs the state server until ``stop`` is set, then drains and closes in
+    order. Returns True when it stopped because it retired."""
     config = options.config
     settings = config.stateserver
     db_path = Path(settings.data_dir) / DB_FILE
+    retired = False
+
+    def on_retired() -> None:
+        nonlocal retired
+        retired = True
+        stop.set()
+
     async with SnapshotStore(db_path, keep_windows=settings.keep_windows) as store:
+        scheduler_channel = rpc.open_channel(config.scheduler_address)
+        scheduler = scheduler_pb2_grpc.SchedulerStub(scheduler_channel)
+        routing = RoutingView(scheduler, config.cluster.virtual_nodes)
+        channels = rpc.ChannelPool()
         host = ServiceHost([SERVICE_NAME], config.security)
         stateserver_pb2_grpc.add_StateServerServicer_to_server(
-            StateServerServicer(store), host.server
+            StateServerServicer(store, directory=None if options.standalone
+                                else JobDirectory(routing)),
+            host.server,
         )
         port = await host.start(settings.host, settings.port)
         address = f"{settings.advertise_host or settings.host}:{port}"
+        figures = StoreFigures(store)
+        sync: ReplicaSync | None = None
+
+        async def on_epoch(epoch: int) -> None:
+            if sync is not None and epoch > routing.epoch:
+                sync.notify()
+
+        def heartbeat_fields() -> dict[str, int]:
+            stats = figures.latest
+            if stats is None:
+                return {}
+            return {"snapshots": stats.snapshots, "snapshot_bytes": stats.snapshot_bytes}
+
         agent = MemberAgent(
             config.scheduler_address, settings.node_id,
-            scheduler_pb2.MEMBER_ROLE_STATE_SERVER, address,
+            scheduler_pb2.MEMBER_ROLE_STATE_SERVER, address, on_epoch=on_epoch,
+            heartbeat_fields=heartbeat_fields,
         )
-        figures = StoreFigures(store)
+        if not options.standalone:
+            sync = ReplicaSync(
+                settings.node_id, store, routing, scheduler, channels,
+                settings.sync_interval_s, settings.cleanup_interval_s,
+                lambda: agent.incarnation, on_retired,
+            )
         metrics = MetricsServer()
         metrics_address = metrics.start(settings.host, settings.metrics_port, figures.metrics)
         stopped = False
         try:
             async with asyncio.TaskGroup() as tasks:
-                agent_task = tasks.create_task(agent.run(), name="member-agent")
-                figures_task = tasks.create_task(figures.refresh_forever(), name="figures")
+                background = [tasks.create_task(figures.refresh_forever(), name="figures")]
+                if not options.standalone:
+                    background.append(tasks.create_task(agent.run(), name="member-agent"))
+                if sync is not None:
+                    background.append(tasks.create_task(sync.run(), name="replica-sync"))
+                    if options.join:
+                        log.info("joining: copying this server's share from its peers")
+                        await _wait_either(sync.caught_up, stop)
                 write_ready_file(options.ready_file, address=address, node_id=settings.node_id,
                                  metrics=metrics_address)
-                log.info("state server %s serving on %s, data in %s, scheduler %s",
-                         settings.node_id, address, db_path, config.scheduler_address)
+                log.info("state server %s serving on %s, data in %s, scheduler %s%s",
+                         settings.node_id, address, db_path, config.scheduler_address,
+                         " (standalone)" if options.standalone else "")
                 await stop.wait()
                 log.info("stopping: draining in-flight calls (up to %.1f s)", STOP_GRACE_S)
                 await host.stop(STOP_GRACE_S)
                 stopped = True
-                agent_task.cancel()
-                figures_task.cancel()
+                for task in background:
+                    task.cancel()
         finally:
             if not stopped:
                 await host.stop(0)
             metrics.stop()
             await agent.close()
+            await channels.close()
+            await scheduler_channel.close()
         log.info("server stopped; committing queued writes and closing the store")
-    log.info("state server %s stopped", settings.node_id)
+    log.info("state server %s stopped%s", settings.node_id, " (retired)" if retired else "")
+    return retired
+
+
+async def _wait_either(event: asyncio.Event, stop: asyncio.Event) -> None:
+    """Waits until ``event`` or ``stop`` is set, owning both waits."""
+    waits = [asyncio.ensure_future(event.wait()), asyncio.ensure_future(stop.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -179,8 +249,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup_logging(f"stateserver[{options.config.stateserver.node_id}]",
                   json_logs=options.config.log_json)
 
+    retired = False
+
     async def service_main(stop: asyncio.Event) -> None:
-        await serve(options, stop)
+        nonlocal retired
+        retired = await serve(options, stop)
 
     rpc.configure_security(options.config.security)
     run_service(service_main)
+    if retired:
+        sys.exit(RETIRED_EXIT_CODE)

@@ -78,6 +78,6 @@ def decode_dead_letters(data: bytes, count: int) -> list[DeadLetter]:
     ]
 
 
-def encode_entries(entries: Sequence[ResultRow] | Sequence[DeadLetter]) -> bytes:
+def encode_entries(entries: Sequence[Sequence[Any]]) -> bytes:
     """The msgpack array of a chunk of rows or dead letters, as ReadResults sends it."""
     return pack(list(entries))  # msgpack writes tuples as arrays

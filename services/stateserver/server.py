@@ -18,6 +18,7 @@ from gridstream.faults import write_delay_s
 from gridstream.rpc import servicer_method
 from gridstream.v1 import stateserver_pb2 as pb
 from gridstream.v1 import stateserver_pb2_grpc
+from services.stateserver.directory import JobDirectory
 from services.stateserver.rows import decode_dead_letters, decode_rows, encode_entries
 from services.stateserver.store import DEFAULT_CHUNK_ROWS, SnapshotMeta, SnapshotStore
 
@@ -59,8 +60,10 @@ async def _injected_delay() -> None:
 class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
     """Serves stateserver.proto over a :class:`SnapshotStore`.
 
-    ``max_snapshot_bytes`` bounds a PutSnapshot payload and ``chunk_rows`` the
-    rows of one ReadResults / ReadDeadLetters message.
+    With a ``directory``, writes for a job that is not running or an operator
+    it does not have are refused with NOT_FOUND. ``max_snapshot_bytes``
+    bounds a PutSnapshot payload and ``chunk_rows`` the rows of one
+    ReadResults / ReadDeadLetters message.
     """
 
     def __init__(
@@ -68,8 +71,10 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
         store: SnapshotStore,
         max_snapshot_bytes: int = MAX_SNAPSHOT_BYTES,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        directory: JobDirectory | None = None,
     ) -> None:
         self._store = store
+        self._directory = directory
         self._max_snapshot_bytes = max_snapshot_bytes
         self._chunk_rows = chunk_rows
 
@@ -90,6 +95,8 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
                 f"bytes, above the limit of {self._max_snapshot_bytes}; snapshot smaller state "
                 "(or a delta) per window; nothing stored"
             )
+        if self._directory is not None:
+            await self._directory.check(meta.job_id, meta.operator_id)
         created = await self._store.put_snapshot(
             SnapshotMeta(
                 job_id=meta.job_id, operator_id=meta.operator_id, window=meta.window,
@@ -142,9 +149,15 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
         await _injected_delay()
         _require(request.job_id, "job_id")
         _require(request.operator_id, "operator_id")
+        _require_int(request.epoch, "epoch")
+        _require_int(request.version, "version")
         rows = decode_rows(request.rows, request.row_count)
         dead_letters = decode_dead_letters(request.dead_letters, request.dead_letter_count)
-        await self._store.write_results(request.job_id, rows, dead_letters)
+        if self._directory is not None:
+            await self._directory.check(request.job_id, request.operator_id)
+        await self._store.write_results(
+            request.job_id, rows, dead_letters, operator_id=request.operator_id,
+            epoch=request.epoch, version=request.version)
         return pb.WriteResultsResponse()
 
     # The two streaming calls write with context.write instead of being async
@@ -180,3 +193,36 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
         log.info("deleted all data of job %s", request.job_id)
         return pb.DeleteJobResponse()
 
+
+    @servicer_method
+    async def Digest(
+        self, request: pb.DigestRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DigestResponse:
+        """Per operator: newest window, highest result version, fence; and totals."""
+        holdings = await self._store.holdings(request.job_id)
+        stats = await self._store.stats()
+        return pb.DigestResponse(
+            operators=[
+                pb.OperatorDigest(
+                    job_id=h.job_id, operator_id=h.operator_id,
+                    latest_window=h.latest_window or 0,
+                    has_snapshot=h.latest_window is not None,
+                    results_version=h.results_version, epoch=h.epoch)
+                for h in holdings
+            ],
+            snapshots=stats.snapshots, snapshot_bytes=stats.snapshot_bytes)
+
+    @servicer_method
+    async def ReadOperator(  # type: ignore[override]
+        self, request: pb.ReadOperatorRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        """Streams one operator's rows and dead letters above a version."""
+        _require(request.job_id, "job_id")
+        _require(request.operator_id, "operator_id")
+        _require_int(request.after_version, "after_version")
+        async for rows, dead in self._store.read_operator(
+            request.job_id, request.operator_id, request.after_version, self._chunk_rows
+        ):
+            await context.write(pb.ReadOperatorChunk(
+                rows=encode_entries(rows), row_count=len(rows),
+                dead_letters=encode_entries(dead), dead_letter_count=len(dead)))

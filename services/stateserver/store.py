@@ -23,7 +23,7 @@ from typing import Any
 
 import aiosqlite
 
-from gridstream.errors import DataLoss, InvalidArgument, Unavailable
+from gridstream.errors import DataLoss, InvalidArgument, StaleEpoch, Unavailable
 from gridstream.ids import checksum
 from services.stateserver.groupcommit import GroupCommitter
 
@@ -32,8 +32,18 @@ log = logging.getLogger(__name__)
 ResultRow = tuple[str, str]
 """(key, JSON text of the value)."""
 
+VersionedRow = tuple[str, str, int]
+"""(key, JSON text of the value, version of the write that stored it)."""
+
 DeadLetter = tuple[str, str, str, str]
 """(dead-letter id, stage, record text, error text)."""
+
+VersionedDeadLetter = tuple[str, str, str, str, int]
+"""A dead letter and the version of the write that stored it."""
+
+SCHEMA_VERSION = 2
+"""``PRAGMA user_version`` of the current layout; an older file is refused
+with advice instead of being misread."""
 
 DEFAULT_CHUNK_ROWS = 5_000
 """Rows per chunk of :meth:`SnapshotStore.read_results`; also the most a
@@ -62,18 +72,32 @@ CREATE TABLE IF NOT EXISTS snapshots (
     PRIMARY KEY (job_id, operator_id, "window")
 );
 CREATE TABLE IF NOT EXISTS results (
-    job_id TEXT NOT NULL,
-    key    TEXT NOT NULL,
-    value  TEXT NOT NULL,
+    job_id      TEXT    NOT NULL,
+    key         TEXT    NOT NULL,
+    value       TEXT    NOT NULL,
+    operator_id TEXT    NOT NULL,
+    version     INTEGER NOT NULL,
     PRIMARY KEY (job_id, key)
 );
+CREATE INDEX IF NOT EXISTS results_by_operator ON results (job_id, operator_id, version);
 CREATE TABLE IF NOT EXISTS dead_letters (
-    job_id TEXT NOT NULL,
-    id     TEXT NOT NULL,
-    stage  TEXT NOT NULL,
-    record TEXT NOT NULL,
-    error  TEXT NOT NULL,
+    job_id      TEXT    NOT NULL,
+    id          TEXT    NOT NULL,
+    stage       TEXT    NOT NULL,
+    record      TEXT    NOT NULL,
+    error       TEXT    NOT NULL,
+    operator_id TEXT    NOT NULL,
+    version     INTEGER NOT NULL,
     PRIMARY KEY (job_id, id)
+);
+CREATE INDEX IF NOT EXISTS dead_letters_by_operator
+    ON dead_letters (job_id, operator_id, version);
+CREATE TABLE IF NOT EXISTS operators (
+    job_id          TEXT    NOT NULL,
+    operator_id     TEXT    NOT NULL,
+    epoch           INTEGER NOT NULL,
+    results_version INTEGER NOT NULL,
+    PRIMARY KEY (job_id, operator_id)
 );
 """
 
@@ -102,6 +126,20 @@ class Snapshot:
 
     meta: SnapshotMeta
     payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorHoldings:
+    """What this store holds of one operator; replicas compare these to catch up."""
+
+    job_id: str
+    operator_id: str
+    latest_window: int | None
+    """Newest window snapshot held, None when none."""
+    results_version: int
+    """Highest version of the operator's result writes held (0: none)."""
+    epoch: int
+    """The fence: highest writer epoch accepted for the operator."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +173,7 @@ def _byte_chunks(rows: list[Any], max_bytes: int) -> list[list[Any]]:
     current: list[Any] = []
     size = 0
     for row in rows:
-        row_size = sum(len(field) for field in row)
+        row_size = sum(len(f) if isinstance(f, (str, bytes)) else 8 for f in row)
         if current and size + row_size > max_bytes:
             chunks.append(current)
             current, size = [], 0
@@ -162,6 +200,9 @@ class SnapshotStore:
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._committer: GroupCommitter | None = None
+        self._fences: dict[tuple[str, str], tuple[int, int]] = {}
+        """(job, operator) -> (fence epoch, highest result version), mirrored
+        from the operators table and only changed inside committed writes."""
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -175,7 +216,14 @@ class SnapshotStore:
             await writer.execute("PRAGMA journal_mode=WAL")
             await writer.execute("PRAGMA synchronous=NORMAL")
             await writer.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            await self._check_schema(writer)
             await writer.executescript(_SCHEMA)
+            await writer.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._fences = {
+                (row[0], row[1]): (int(row[2]), int(row[3]))
+                for row in await writer.execute_fetchall(
+                    "SELECT job_id, operator_id, epoch, results_version FROM operators")
+            }
             reader = await aiosqlite.connect(self.path, isolation_level=None)
         except BaseException:
             await writer.close()
@@ -193,6 +241,19 @@ class SnapshotStore:
         log.info("state store open at %s (keep %d windows per operator)", self.path,
                  self.keep_windows)
         return self
+
+    async def _check_schema(self, conn: aiosqlite.Connection) -> None:
+        """Refuses a database written by an older layout, naming the fix."""
+        rows = list(await conn.execute_fetchall("PRAGMA user_version"))
+        version = int(rows[0][0]) if rows else 0
+        tables = list(await conn.execute_fetchall(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'results'"))
+        if tables and version < SCHEMA_VERSION:
+            raise RuntimeError(
+                f"{self.path} was written by an older gridstream (layout {version}, this one "
+                f"needs {SCHEMA_VERSION}); move it aside or point stateserver.data_dir at an "
+                "empty directory: the replica will catch up from its peers"
+            )
 
     async def close(self) -> None:
         """Commits queued writes, stops the writer task and closes the database.
@@ -239,12 +300,37 @@ class SnapshotStore:
 
     # -- snapshots ---------------------------------------------------------
 
-    async def put_snapshot(self, meta: SnapshotMeta, payload: bytes) -> bool:
+    def _check_fence(self, job_id: str, operator_id: str, epoch: int) -> None:
+        """StaleEpoch when a newer owner of the operator has already written."""
+        fence = self._fences.get((job_id, operator_id), (0, 0))[0]
+        if epoch < fence:
+            raise StaleEpoch(
+                f"stale epoch {epoch}: {operator_id} has been written by an owner at epoch "
+                f"{fence}; the writer was fenced and must stop (nothing stored)", fence)
+
+    async def _advance(self, conn: aiosqlite.Connection, job_id: str, operator_id: str,
+                       epoch: int, version: int) -> None:
+        """Raises the operator's fence and result version (never lowers them)."""
+        old_epoch, old_version = self._fences.get((job_id, operator_id), (0, 0))
+        new = (max(old_epoch, epoch), max(old_version, version))
+        if new != (old_epoch, old_version) or (job_id, operator_id) not in self._fences:
+            await conn.execute(
+                "INSERT INTO operators (job_id, operator_id, epoch, results_version) "
+                "VALUES (?, ?, ?, ?) ON CONFLICT (job_id, operator_id) DO UPDATE SET "
+                "epoch = MAX(epoch, excluded.epoch), "
+                "results_version = MAX(results_version, excluded.results_version)",
+                (job_id, operator_id, *new),
+            )
+            self._fences[(job_id, operator_id)] = new
+
+    async def put_snapshot(self, meta: SnapshotMeta, payload: bytes, fenced: bool = True) -> bool:
         """Stores a window snapshot; False when (job, operator, window) was already stored.
 
         The payload must match ``meta.size`` and ``meta.checksum``; a mismatch
         raises InvalidArgument and stores nothing. The first copy of a window
-        wins, so a retried or late duplicate never replaces it.
+        wins, so a retried or late duplicate never replaces it. With
+        ``fenced`` (writes from workers), a writer epoch below the operator's
+        fence raises StaleEpoch; copies from another replica are not fenced.
         """
         if len(payload) != meta.size:
             raise InvalidArgument(
@@ -261,8 +347,13 @@ class SnapshotStore:
                 "and resend)"
             )
         keep = self.keep_windows
+        if fenced:
+            self._check_fence(meta.job_id, meta.operator_id, meta.epoch)
 
         async def op(conn: aiosqlite.Connection) -> bool:
+            if fenced:
+                self._check_fence(meta.job_id, meta.operator_id, meta.epoch)
+            await self._advance(conn, meta.job_id, meta.operator_id, meta.epoch, 0)
             async with conn.execute(
                 f"INSERT OR IGNORE INTO snapshots ({_META_COLUMNS}, payload) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -352,28 +443,64 @@ class SnapshotStore:
         job_id: str,
         rows: Sequence[ResultRow],
         dead_letters: Sequence[DeadLetter] = (),
+        operator_id: str = "",
+        epoch: int = 0,
+        version: int = 0,
+        fenced: bool = True,
     ) -> None:
         """Upserts result rows and dead letters in one transaction; durable on return.
 
-        A later value for a key replaces the earlier one (also within ``rows``),
-        so a replayed window overwrites instead of adding.
+        A row replaces the stored one for its key unless the stored one has a
+        higher ``version``, so replicas that saw writes in another order (or a
+        replica catching up) converge, and a replayed window overwrites
+        instead of adding. With ``fenced``, a writer epoch below the
+        operator's fence raises StaleEpoch and stores nothing.
         """
+        await self.write_versioned(
+            job_id, operator_id, [(key, value, version) for key, value in rows],
+            [(*entry, version) for entry in dead_letters], epoch, fenced,
+        )
+
+    async def write_versioned(
+        self,
+        job_id: str,
+        operator_id: str,
+        rows: Sequence[VersionedRow],
+        dead_letters: Sequence[VersionedDeadLetter],
+        epoch: int = 0,
+        fenced: bool = False,
+        track_version: bool = True,
+    ) -> None:
+        """Stores rows and dead letters that each carry their own version (a
+        replica's catch-up copy); see :meth:`write_results`. Without
+        ``track_version`` the operator's result version is left alone (a copy
+        in chunks moves it with :meth:`mark` once complete)."""
         if not rows and not dead_letters:
             return
+        if fenced:
+            self._check_fence(job_id, operator_id, epoch)
+        top = max([r[2] for r in rows] + [d[4] for d in dead_letters])
 
         async def op(conn: aiosqlite.Connection) -> None:
+            if fenced:
+                self._check_fence(job_id, operator_id, epoch)
+            await self._advance(conn, job_id, operator_id, epoch, top if track_version else 0)
             if rows:
                 await conn.executemany(
-                    "INSERT INTO results (job_id, key, value) VALUES (?, ?, ?) "
-                    "ON CONFLICT (job_id, key) DO UPDATE SET value = excluded.value",
-                    [(job_id, key, value) for key, value in rows],
+                    "INSERT INTO results (job_id, key, value, operator_id, version) "
+                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (job_id, key) DO UPDATE SET "
+                    "value = excluded.value, operator_id = excluded.operator_id, "
+                    "version = excluded.version WHERE excluded.version >= results.version",
+                    [(job_id, key, value, operator_id, version) for key, value, version in rows],
                 )
             if dead_letters:
                 await conn.executemany(
-                    "INSERT INTO dead_letters (job_id, id, stage, record, error) "
-                    "VALUES (?, ?, ?, ?, ?) ON CONFLICT (job_id, id) DO UPDATE SET "
-                    "stage = excluded.stage, record = excluded.record, error = excluded.error",
-                    [(job_id, *entry) for entry in dead_letters],
+                    "INSERT INTO dead_letters (job_id, id, stage, record, error, operator_id, "
+                    "version) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (job_id, id) DO UPDATE "
+                    "SET stage = excluded.stage, record = excluded.record, "
+                    "error = excluded.error, version = excluded.version "
+                    "WHERE excluded.version >= dead_letters.version",
+                    [(job_id, *entry[:4], operator_id, entry[4]) for entry in dead_letters],
                 )
 
         await self._commit().submit(op)
@@ -383,17 +510,18 @@ class SnapshotStore:
         job_id: str,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    ) -> AsyncIterator[list[ResultRow]]:
-        """A job's result rows in key order, in chunks of at most ``chunk_rows``.
+    ) -> AsyncIterator[list[VersionedRow]]:
+        """A job's result rows (key, value, version) in key order, in chunks of
+        at most ``chunk_rows``.
 
         Pages by key (no cursor is held open between chunks), so a slow reader
         blocks neither writers nor WAL checkpoints. An unknown job yields nothing.
         """
         async for chunk in self._paged(
-            "SELECT key, value FROM results WHERE job_id = ?", "key", job_id, chunk_rows,
-            chunk_bytes,
+            "SELECT key, value, version FROM results WHERE job_id = ?", "key", (job_id,),
+            chunk_rows, chunk_bytes,
         ):
-            yield [(row[0], row[1]) for row in chunk]
+            yield [(row[0], row[1], int(row[2])) for row in chunk]
 
     async def read_dead_letters(
         self,
@@ -403,13 +531,81 @@ class SnapshotStore:
     ) -> AsyncIterator[list[DeadLetter]]:
         """A job's dead letters in id order, chunked like :meth:`read_results`."""
         async for chunk in self._paged(
-            "SELECT id, stage, record, error FROM dead_letters WHERE job_id = ?", "id", job_id,
-            chunk_rows, chunk_bytes,
+            "SELECT id, stage, record, error FROM dead_letters WHERE job_id = ?", "id",
+            (job_id,), chunk_rows, chunk_bytes,
         ):
             yield [(row[0], row[1], row[2], row[3]) for row in chunk]
 
+    async def read_operator(
+        self, job_id: str, operator_id: str, after_version: int,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> AsyncIterator[tuple[list[VersionedRow], list[VersionedDeadLetter]]]:
+        """One operator's rows and dead letters of a version above
+        ``after_version``, chunked: what a catching-up replica lacks."""
+        params = (job_id, operator_id, after_version)
+        async for chunk in self._paged(
+            "SELECT key, value, version FROM results WHERE job_id = ? AND operator_id = ? "
+            "AND version > ?", "key", params, chunk_rows, chunk_bytes,
+        ):
+            yield [(row[0], row[1], int(row[2])) for row in chunk], []
+        async for chunk in self._paged(
+            "SELECT id, stage, record, error, version FROM dead_letters WHERE job_id = ? "
+            "AND operator_id = ? AND version > ?", "id", params, chunk_rows, chunk_bytes,
+        ):
+            yield [], [(row[0], row[1], row[2], row[3], int(row[4])) for row in chunk]
+
+    async def holdings(self, job_id: str = "") -> list[OperatorHoldings]:
+        """Per operator: newest window, highest result version and fence."""
+        where, params = ("WHERE job_id = ?", (job_id,)) if job_id else ("", ())
+        windows = {
+            (row[0], row[1]): int(row[2])
+            for row in await self._read().execute_fetchall(
+                f'SELECT job_id, operator_id, MAX("window") FROM snapshots {where} '
+                "GROUP BY job_id, operator_id", params)
+        }
+        fences = {
+            (row[0], row[1]): (int(row[2]), int(row[3]))
+            for row in await self._read().execute_fetchall(
+                f"SELECT job_id, operator_id, epoch, results_version FROM operators {where}",
+                params)
+        }
+        return [
+            OperatorHoldings(job, operator, windows.get((job, operator)),
+                             fences.get((job, operator), (0, 0))[1],
+                             fences.get((job, operator), (0, 0))[0])
+            for job, operator in sorted(set(windows) | set(fences))
+        ]
+
+    async def mark(self, job_id: str, operator_id: str, epoch: int, version: int) -> None:
+        """Raises an operator's fence and result version to at least these
+        (a replica's copy of the operator is complete up to ``version``)."""
+
+        async def op(conn: aiosqlite.Connection) -> None:
+            await self._advance(conn, job_id, operator_id, epoch, version)
+
+        await self._commit().submit(op)
+
+    async def drop_operator(self, job_id: str, operator_id: str) -> None:
+        """Deletes everything of one operator (a copy handed over to its replicas)."""
+
+        async def op(conn: aiosqlite.Connection) -> None:
+            for table in ("results", "dead_letters", "snapshots", "operators"):
+                await conn.execute(
+                    f"DELETE FROM {table} WHERE job_id = ? AND operator_id = ?",
+                    (job_id, operator_id))
+            self._fences.pop((job_id, operator_id), None)
+
+        await self._commit().submit(op)
+
+    async def job_ids(self) -> list[str]:
+        """Every job this store holds anything of."""
+        rows = await self._read().execute_fetchall(
+            "SELECT job_id FROM operators UNION SELECT job_id FROM snapshots "
+            "UNION SELECT job_id FROM results")
+        return sorted(row[0] for row in rows)
+
     async def _paged(
-        self, select: str, key: str, job_id: str, chunk_rows: int, chunk_bytes: int
+        self, select: str, key: str, params: tuple[Any, ...], chunk_rows: int, chunk_bytes: int
     ) -> AsyncIterator[list[Any]]:
         """Keyset pagination over ``select`` ordered by ``key`` (its first column)."""
         if chunk_rows < 1:
@@ -419,10 +615,10 @@ class SnapshotStore:
         last: str | None = None
         while True:
             if last is None:
-                rows = list(await self._read().execute_fetchall(first, (job_id, chunk_rows)))
+                rows = list(await self._read().execute_fetchall(first, (*params, chunk_rows)))
             else:
                 rows = list(
-                    await self._read().execute_fetchall(after, (job_id, last, chunk_rows))
+                    await self._read().execute_fetchall(after, (*params, last, chunk_rows))
                 )
             for chunk in _byte_chunks(rows, chunk_bytes):
                 yield chunk
@@ -434,8 +630,10 @@ class SnapshotStore:
         """Deletes every result, dead letter and snapshot of a job, in one transaction."""
 
         async def op(conn: aiosqlite.Connection) -> None:
-            for table in ("results", "dead_letters", "snapshots"):
+            for table in ("results", "dead_letters", "snapshots", "operators"):
                 await conn.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
+            for key in [k for k in self._fences if k[0] == job_id]:
+                del self._fences[key]
 
         await self._commit().submit(op)
 

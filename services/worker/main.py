@@ -12,6 +12,7 @@ from dataclasses import replace
 from gridstream import rpc
 from gridstream.config import Config, ConfigError, load_config
 from gridstream.metrics import MetricsServer
+from gridstream.routing import RoutingView
 from gridstream.service import (
     MemberAgent,
     ServiceHost,
@@ -22,7 +23,6 @@ from gridstream.service import (
 from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
 from services.worker.node import WorkerNode
 from services.worker.peers import Channels
-from services.worker.routing import RoutingView
 from services.worker.server import WorkerServicer
 
 log = logging.getLogger("gridstream.worker")

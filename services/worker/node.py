@@ -26,11 +26,11 @@ from gridstream.metrics import (
     counter,
     gauge,
 )
+from gridstream.routing import RoutingView
 from gridstream.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.worker.peers import Channels, OutSegment, PeerRouter, StateClient
 from services.worker.queues import Entry, JobContainer
 from services.worker.replication import BackupStore, ContainerKey, to_log_entry
-from services.worker.routing import RoutingView
 from services.worker.tasks import FetchedLog, TaskRunner
 
 FETCH_TIMEOUT_S = 10.0
@@ -419,9 +419,10 @@ class WorkerNode:
         self.retired.pop(key, None)
 
     async def close(self) -> None:
-        """Stops every job."""
+        """Stops every job, then writes still running beyond their quorum."""
         for job_id in list(self.jobs):
             await self.stop_job(job_id)
+        await self.state.close()
 
 
 __all__ = ["JobRuntime", "WorkerNode"]

@@ -1,5 +1,5 @@
 """Talking to other members: pushing shuffled batches to the owners of the next
-task's partitions, and writing to the state servers.
+task's partitions (writing to the state servers is :mod:`gridstream.replicas`).
 
 Every write carries an idempotency key (channel and sequence for batches;
 job, operator and window for snapshots; row keys for results), so retries
@@ -18,10 +18,10 @@ import grpc
 
 from gridstream import codec, rpc
 from gridstream.errors import GridstreamError, StaleEpoch, from_rpc_error
-from gridstream.ids import checksum
-from gridstream.v1 import stateserver_pb2, stateserver_pb2_grpc, worker_pb2, worker_pb2_grpc
+from gridstream.replicas import ReplicaClient
+from gridstream.routing import RoutingView
+from gridstream.v1 import worker_pb2, worker_pb2_grpc
 from services.worker.queues import ContainerClosed
-from services.worker.routing import RoutingView
 
 log = logging.getLogger(__name__)
 
@@ -150,74 +150,5 @@ class PeerRouter:
             raise error from None
 
 
-class StateClient:
-    """Writes an operator's rows and snapshots to the state server the ring
-    assigns it, and reads its latest snapshot back."""
-
-    def __init__(self, routing: RoutingView, channels: Channels) -> None:
-        self.routing = routing
-        self.channels = channels
-
-    def _stub(self, operator_id: str) -> stateserver_pb2_grpc.StateServerStub:
-        address = self.routing.state_server_for(operator_id)
-        return stateserver_pb2_grpc.StateServerStub(self.channels.get(address))
-
-    async def write_results(
-        self,
-        job_id: str,
-        operator_id: str,
-        rows: list[list[Any]],
-        dead_letters: list[tuple[str, str, str, str]],
-    ) -> None:
-        """Upserts rows ([key, json]) and dead letters; durable on return."""
-        try:
-            await self._stub(operator_id).WriteResults(
-                stateserver_pb2.WriteResultsRequest(
-                    job_id=job_id,
-                    operator_id=operator_id,
-                    rows=codec.pack(rows),
-                    row_count=len(rows),
-                    dead_letters=codec.pack([list(d) for d in dead_letters]),
-                    dead_letter_count=len(dead_letters),
-                ),
-                timeout=rpc.DATA_TIMEOUT_S,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, f"writing results of {operator_id}") from None
-
-    async def get_latest_snapshot(
-        self, job_id: str, operator_id: str
-    ) -> tuple[int, bytes] | None:
-        """(window, payload) of the operator's newest durable snapshot, or None."""
-        try:
-            response = await self._stub(operator_id).GetLatestSnapshot(
-                stateserver_pb2.GetLatestSnapshotRequest(job_id=job_id, operator_id=operator_id),
-                timeout=rpc.DATA_TIMEOUT_S,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, f"reading the latest snapshot of {operator_id}") from None
-        if not response.found:
-            return None
-        if checksum(response.payload) != response.meta.checksum:
-            raise GridstreamError(f"snapshot of {operator_id} failed its checksum in transit")
-        return int(response.meta.window), bytes(response.payload)
-
-    async def put_snapshot(
-        self, job_id: str, operator_id: str, window: int, epoch: int, payload: bytes
-    ) -> None:
-        """Stores a window snapshot; durable on return."""
-        meta = stateserver_pb2.SnapshotMeta(
-            job_id=job_id,
-            operator_id=operator_id,
-            window=window,
-            epoch=epoch,
-            size=len(payload),
-            checksum=checksum(payload),
-        )
-        try:
-            await self._stub(operator_id).PutSnapshot(
-                stateserver_pb2.PutSnapshotRequest(meta=meta, payload=payload),
-                timeout=rpc.DATA_TIMEOUT_S,
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, f"storing window {window} of {operator_id}") from None
+StateClient = ReplicaClient
+"""The worker's writer and reader of operator state on the replicated state servers."""

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 import grpc
 
 from gridstream.errors import from_rpc_error
+from gridstream.routing import RoutingView
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 from services.worker.peers import Channels
 from services.worker.queues import Entry, JobContainer
-from services.worker.routing import RoutingView
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gridstream.errors import GridstreamError
+from gridstream.errors import GridstreamError, StaleEpoch
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,7 @@ class Persister:
         self._idle.set()
         self.windows_persisted = 0
         self.last_durable_window = -1
+        self.fenced = False
 
     def submit(
         self,
@@ -150,14 +151,21 @@ class Persister:
         """Waits until everything submitted so far is durable."""
         await self._idle.wait()
 
-    async def _retrying(self, what: str, call: Callable[[], Any]) -> None:
+    async def _retrying(self, what: str, call: Callable[[], Any]) -> bool:
+        """Retries until done (True); False when the state servers fenced this
+        operator: a newer owner writes its state now, so retrying is pointless."""
         delay = 0.05
         while True:
             try:
                 await call()
-                return
+                return True
             except asyncio.CancelledError:
                 raise
+            except StaleEpoch as exc:
+                log.error("%s: writing %s refused, this owner was fenced (%s); its successor "
+                          "owns the operator's state", self._name, what, exc)
+                self.fenced = True
+                return False
             except (GridstreamError, OSError) as exc:
                 log.warning("%s: writing %s failed (%s); retrying in %.2fs",
                             self._name, what, exc, delay)
@@ -177,10 +185,9 @@ class Persister:
             self._in_flight = len(rows) + len(dead) + (1 if snapshot else 0)
             if rows or dead:
                 await self._retrying("result rows", functools.partial(self._write_rows, rows, dead))
-            if snapshot is not None:
-                await self._retrying(
-                    f"window {snapshot.window}", functools.partial(self._write_snapshot, snapshot)
-                )
+            if snapshot is not None and await self._retrying(
+                f"window {snapshot.window}", functools.partial(self._write_snapshot, snapshot)
+            ):
                 self.windows_persisted += 1
                 self.last_durable_window = snapshot.window
                 self._on_durable(snapshot.offset)

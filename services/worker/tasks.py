@@ -120,6 +120,10 @@ class TaskRunner:
         self.recovered_batches = 0
         self.recovery_seconds = 0.0
         self.epoch = 0
+        self._row_version = 0
+        """Version of the last result write: increases with every write, and a
+        later owner's are higher (its windows are numbered from epoch << 20),
+        so replicas keep the newest row of a key whatever order they saw."""
 
     # -- life ----------------------------------------------------------------
 
@@ -283,8 +287,10 @@ class TaskRunner:
             part = encoded[start:start + chunk]
             dead_part = dead if start == 0 else []
             if part or dead_part:
+                self._row_version = max(self._row_version + 1, self.window.window << 24)
                 await self.state_client.write_results(
-                    self.job_id, self.operator_id, part, dead_part
+                    self.job_id, self.operator_id, part, dead_part, self.epoch,
+                    self._row_version,
                 )
 
     async def _write_snapshot(self, snapshot: PendingSnapshot) -> None:

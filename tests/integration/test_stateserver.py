@@ -155,7 +155,7 @@ async def start_stateserver(data_dir: Path, tag: str = "ss") -> ServiceProcess:
     return await start_service(
         "services.stateserver",
         ["--port", "0", "--data-dir", str(data_dir), "--scheduler", "127.0.0.1:1",
-         "--node-id", f"state-{tag}"],
+         "--node-id", f"state-{tag}", "--standalone"],
         data_dir.parent / f"{tag}.ready.json",
         data_dir.parent / f"{tag}.log",
         SERVICE,
@@ -189,7 +189,7 @@ class StateClient:
             pb.WriteResultsRequest(
                 job_id=job, operator_id=f"{job}/t0/p0", rows=msgpack.packb(rows),
                 row_count=len(rows), dead_letters=msgpack.packb(letters) if letters else b"",
-                dead_letter_count=len(letters),
+                dead_letter_count=len(letters), epoch=1,
             ),
             timeout=CALL_TIMEOUT_S,
         )
@@ -200,7 +200,7 @@ class StateClient:
                                                  timeout=CALL_TIMEOUT_S):
             rows = msgpack.unpackb(chunk.rows)
             assert len(rows) == chunk.row_count
-            chunks.append(rows)
+            chunks.append([row[:2] for row in rows])  # [key, value, version]
         return chunks
 
 
@@ -322,6 +322,34 @@ async def test_malformed_rows_are_refused(state_client: StateClient, rows: bytes
     await expect_error(state_client.stub.WriteResults(bad_letters, timeout=CALL_TIMEOUT_S),
                        grpc.StatusCode.INVALID_ARGUMENT, "dead_letters[0]")
     assert await state_client.read(job) == []  # the good row of a refused request is not stored
+
+
+async def test_fenced_writer_and_older_versions_change_nothing(state_client: StateClient) -> None:
+    job, op = "fence-job", "fence-job/t0/p0"
+
+    async def put(window: int, epoch: int) -> None:
+        meta = pb.SnapshotMeta(job_id=job, operator_id=op, window=window, epoch=epoch,
+                               size=1, checksum=checksum(b"x"))
+        await state_client.stub.PutSnapshot(pb.PutSnapshotRequest(meta=meta, payload=b"x"),
+                                            timeout=CALL_TIMEOUT_S)
+
+    async def write(value: str, epoch: int, version: int) -> None:
+        await state_client.stub.WriteResults(pb.WriteResultsRequest(
+            job_id=job, operator_id=op, rows=msgpack.packb([["k", value]]), row_count=1,
+            epoch=epoch, version=version), timeout=CALL_TIMEOUT_S)
+
+    await put(5 << 20, epoch=5)
+    await write('"new"', epoch=5, version=50)
+    # The previous owner (epoch 3) was fenced when the epoch-5 owner wrote.
+    await expect_error(put(3 << 20, epoch=3), grpc.StatusCode.FAILED_PRECONDITION, "stale epoch 3")
+    await expect_error(write('"old"', epoch=3, version=99), grpc.StatusCode.FAILED_PRECONDITION,
+                       "was fenced")
+    # An older version from the current owner (a late retry) does not overwrite.
+    await write('"late"', epoch=5, version=40)
+    assert await state_client.read(job) == [[["k", '"new"']]]
+    listed = await state_client.stub.ListSnapshots(pb.ListSnapshotsRequest(job_id=job),
+                                                   timeout=CALL_TIMEOUT_S)
+    assert [m.window for m in listed.snapshots] == [5 << 20]
 
 
 # -- process lifecycle -----------------------------------------------------------

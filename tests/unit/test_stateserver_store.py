@@ -110,7 +110,8 @@ async def test_delete_snapshots_by_operator_and_window(store: SnapshotStore) -> 
 
 async def read_all(store: SnapshotStore, job_id: str, chunk_rows: int = 5_000
                    ) -> list[list[tuple[str, str]]]:
-    return [chunk async for chunk in store.read_results(job_id, chunk_rows)]
+    return [[(key, value) for key, value, _version in chunk]
+            async for chunk in store.read_results(job_id, chunk_rows)]
 
 
 async def test_results_upsert_overwrites(store: SnapshotStore) -> None:
@@ -212,3 +213,24 @@ def test_rows_wire_format_round_trip_and_errors() -> None:
         decode_rows(b"\xc1", 1)
     with pytest.raises(InvalidArgument, match=r"dead_letters\[0\]"):
         decode_dead_letters(pack([("a", "b")]), 1)
+
+
+async def test_holdings_copy_marks_and_drop(store: SnapshotStore) -> None:
+    """What replicas compare and copy: windows, result versions and fences per operator."""
+    op = f"{JOB}/t0/p1"
+    await store.put_snapshot(meta_for(b"seven", 7, op, epoch=3), b"seven")
+    await store.write_results(JOB, [("a", "1")], operator_id=op, epoch=3, version=11)
+    # A catch-up copy in chunks: the version mark moves only when told.
+    await store.write_versioned(JOB, op, [("b", "2", 15)], [], track_version=False)
+    [held] = await store.holdings(JOB)
+    assert (held.operator_id, held.latest_window, held.results_version, held.epoch) == (
+        op, 7, 11, 3)
+    await store.mark(JOB, op, epoch=4, version=15)
+    [held] = await store.holdings(JOB)
+    assert (held.results_version, held.epoch) == (15, 4)
+    rows = [r async for chunk, _ in store.read_operator(JOB, op, after_version=11)
+            for r in chunk]
+    assert rows == [("b", "2", 15)]
+    assert await store.job_ids() == [JOB]
+    await store.drop_operator(JOB, op)
+    assert await store.holdings(JOB) == [] and await read_all(store, JOB) == []

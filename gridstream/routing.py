@@ -13,7 +13,8 @@ import logging
 import grpc
 
 from gridstream import rpc
-from gridstream.errors import Unavailable, from_rpc_error
+from gridstream.errors import from_rpc_error
+from gridstream.placement import ReplicaSet
 from gridstream.ring import HashRing
 from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc
 
@@ -33,8 +34,8 @@ class RoutingView:
         self.addresses: dict[str, str] = {}
         self.state_servers: dict[str, str] = {}
         self.workers: list[str] = []
-        self._state_ring = HashRing([], virtual_nodes)
         self._worker_ring = HashRing([], virtual_nodes)
+        self.replica_set = ReplicaSet.from_table(self.table, virtual_nodes)
 
     async def refresh(self, at_least: int = 0) -> scheduler_pb2.RoutingTable:
         """Fetches the table unless one at ``at_least`` or newer is already here.
@@ -63,7 +64,7 @@ class RoutingView:
             if m.role == scheduler_pb2.MEMBER_ROLE_STATE_SERVER
             and m.state != scheduler_pb2.MEMBER_STATE_DEAD
         }
-        self._state_ring = HashRing(self.state_servers, self._virtual_nodes)
+        self.replica_set = ReplicaSet.from_table(table, self._virtual_nodes)
         self.workers = sorted(
             m.node_id
             for m in table.members
@@ -89,9 +90,3 @@ class RoutingView:
         owner = self.owner(job_id, partition)
         walk = self._worker_ring.walk(f"{job_id}/{partition}")
         return [w for w in walk if w != owner][:count]
-
-    def state_server_for(self, operator_id: str) -> str:
-        """Address of the state server holding an operator's snapshots and rows."""
-        if not self.state_servers:
-            raise Unavailable("no state server is registered; start one (gridstream stateserver)")
-        return self.state_servers[self._state_ring.owner(operator_id)]

@@ -1,0 +1,272 @@
+"""Reading and writing an operator's snapshots and rows on its replicas.
+
+Writes go to the operator's R replicas at once and count once W of them
+have acknowledged (the rest finish in the background, owned by this
+client). Reads ask every live state server and keep the newest copy, so a
+reader sees every acknowledged write as long as fewer than W state servers
+are silent (see :mod:`gridstream.placement`). Snapshots are checked against
+their checksum on arrival: a corrupt or half-sent copy is never used while a
+good one exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from gridstream import codec, rpc
+from gridstream.errors import (
+    GridstreamError,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    StaleEpoch,
+    Unavailable,
+    from_rpc_error,
+)
+from gridstream.ids import checksum
+from gridstream.placement import ReplicaSet
+from gridstream.routing import RoutingView
+from gridstream.v1 import stateserver_pb2, stateserver_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+_FINAL = (StaleEpoch, InvalidArgument, NotFound, ResourceExhausted)
+"""Refusals that another replica or a retry would repeat: the caller must act."""
+
+Call = Callable[[stateserver_pb2_grpc.StateServerStub], Awaitable[Any]]
+
+
+class ReplicaClient:
+    """Quorum writes and newest-copy reads of operators' state on the state servers.
+
+    One per process; :meth:`close` cancels and awaits writes still running to
+    replicas beyond the quorum.
+    """
+
+    def __init__(self, routing: RoutingView, channels: rpc.ChannelPool) -> None:
+        self.routing = routing
+        self.channels = channels
+        self._stragglers: set[asyncio.Future[Any]] = set()
+
+    def _stub(self, address: str) -> stateserver_pb2_grpc.StateServerStub:
+        return stateserver_pb2_grpc.StateServerStub(self.channels.get(address))
+
+    async def _replica_set(self) -> ReplicaSet:
+        replicas = self.routing.replica_set
+        if not replicas.readable:
+            await self.routing.refresh(at_least=self.routing.epoch + 1)
+            replicas = self.routing.replica_set
+        if not replicas.readable:
+            raise Unavailable("no state server is registered; start one (gridstream stateserver)")
+        return replicas
+
+    # -- writes ----------------------------------------------------------------
+
+    async def _write(self, operator_id: str, what: str, call: Call) -> None:
+        """Sends ``call`` to the operator's replicas; returns once W acknowledged.
+
+        Raises the replicas' refusal (stale epoch, bad request) at once, and
+        Unavailable when too few replicas answered (the caller retries; every
+        write is idempotent).
+        """
+        replicas = await self._replica_set()
+        targets = replicas.placement(operator_id)
+        needed = replicas.quorum
+        if len(targets) < needed:
+            await self.routing.refresh(at_least=self.routing.epoch + 1)
+            raise Unavailable(f"{what}: only {len(targets)} writable state servers, "
+                              f"{needed} must acknowledge; waiting for replicas to come back")
+        pending: dict[asyncio.Future[Any], str] = {
+            asyncio.ensure_future(call(self._stub(replicas.writable[node]))): node
+            for node in targets
+        }
+        acked = 0
+        failures: list[str] = []
+        try:
+            while pending and acked < needed:
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    node = pending.pop(task)
+                    error = _error_of(task, f"{what} on {node}")
+                    if error is None:
+                        acked += 1
+                    elif isinstance(error, _FINAL):
+                        raise error
+                    else:
+                        failures.append(str(error))
+        finally:
+            for task in pending:
+                if acked >= needed:
+                    self._stragglers.add(task)
+                    task.add_done_callback(self._straggler_done)
+                else:
+                    task.cancel()
+        if acked < needed:
+            await self.routing.refresh(at_least=self.routing.epoch + 1)
+            raise Unavailable(f"{what}: {acked} of {needed} replicas acknowledged "
+                              f"({'; '.join(failures)}); retrying")
+
+    def _straggler_done(self, task: asyncio.Future[Any]) -> None:
+        self._stragglers.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("a write beyond the quorum failed: %s", task.exception())
+
+    async def put_snapshot(
+        self, job_id: str, operator_id: str, window: int, epoch: int, payload: bytes
+    ) -> None:
+        """Stores a window snapshot on the operator's replicas; durable (on W) on return."""
+        request = stateserver_pb2.PutSnapshotRequest(
+            meta=stateserver_pb2.SnapshotMeta(
+                job_id=job_id, operator_id=operator_id, window=window, epoch=epoch,
+                size=len(payload), checksum=checksum(payload)),
+            payload=payload)
+        await self._write(operator_id, f"storing window {window} of {operator_id}",
+                          lambda stub: stub.PutSnapshot(request, timeout=rpc.DATA_TIMEOUT_S))
+
+    async def write_results(
+        self,
+        job_id: str,
+        operator_id: str,
+        rows: list[list[Any]],
+        dead_letters: list[tuple[str, str, str, str]],
+        epoch: int = 0,
+        version: int = 0,
+    ) -> None:
+        """Upserts rows ([key, json]) and dead letters at ``version`` on the
+        operator's replicas; durable (on W) on return."""
+        request = stateserver_pb2.WriteResultsRequest(
+            job_id=job_id, operator_id=operator_id, rows=codec.pack(rows), row_count=len(rows),
+            dead_letters=codec.pack([list(d) for d in dead_letters]),
+            dead_letter_count=len(dead_letters), epoch=epoch, version=version)
+        await self._write(operator_id, f"writing results of {operator_id}",
+                          lambda stub: stub.WriteResults(request, timeout=rpc.DATA_TIMEOUT_S))
+
+    # -- reads -----------------------------------------------------------------
+
+    async def _ask_all(self, what: str, call: Call) -> list[Any]:
+        """Answers of every live state server; Unavailable unless enough answered."""
+        replicas = await self._replica_set()
+        nodes = sorted(replicas.readable)
+        results = await asyncio.gather(
+            *(call(self._stub(replicas.readable[n])) for n in nodes), return_exceptions=True)
+        answers = []
+        silent = []
+        for node, result in zip(nodes, results, strict=True):
+            if isinstance(result, BaseException):
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+                error = (from_rpc_error(result, f"{what} on {node}")
+                         if isinstance(result, grpc.aio.AioRpcError) else result)
+                if isinstance(error, _FINAL):
+                    raise error
+                silent.append(f"{node}: {error}")
+            else:
+                answers.append((node, result))
+        if not replicas.enough_heard(len(answers)):
+            await self.routing.refresh(at_least=self.routing.epoch + 1)
+            raise Unavailable(f"{what}: {len(answers)} of {replicas.members} state servers "
+                              f"answered, too few to be sure of the newest copy "
+                              f"({'; '.join(silent)}); retrying")
+        if silent:
+            log.info("%s: went on without %s", what, "; ".join(silent))
+        return answers
+
+    async def get_latest_snapshot(
+        self, job_id: str, operator_id: str
+    ) -> tuple[int, bytes] | None:
+        """(window, payload) of the newest snapshot on any replica, checksum-checked."""
+        request = stateserver_pb2.GetLatestSnapshotRequest(job_id=job_id,
+                                                           operator_id=operator_id)
+        answers = await self._ask_all(
+            f"reading the latest snapshot of {operator_id}",
+            lambda stub: _latest_or_corrupt(stub, request))
+        best: tuple[int, bytes] | None = None
+        for node, response in answers:
+            if response is None or not response.found:
+                continue
+            if checksum(response.payload) != response.meta.checksum:
+                log.error("snapshot %s window %d from %s failed its checksum; using another "
+                          "copy", operator_id, response.meta.window, node)
+                continue
+            if best is None or response.meta.window > best[0]:
+                best = (int(response.meta.window), bytes(response.payload))
+        return best
+
+    async def read_results(self, job_id: str) -> dict[str, tuple[str, int]]:
+        """key -> (JSON value, version): every replica's rows merged, newest version wins."""
+        merged: dict[str, tuple[str, int]] = {}
+
+        async def read(stub: stateserver_pb2_grpc.StateServerStub) -> None:
+            async for chunk in stub.ReadResults(
+                stateserver_pb2.ReadResultsRequest(job_id=job_id), timeout=rpc.DATA_TIMEOUT_S
+            ):
+                for key, value, version in codec.unpack(chunk.rows):
+                    held = merged.get(key)
+                    if held is None or version >= held[1]:
+                        merged[key] = (value, version)
+
+        await self._ask_all(f"reading results of {job_id}", read)
+        return merged
+
+    async def read_dead_letters(self, job_id: str) -> list[tuple[str, str, str, str]]:
+        """Every replica's dead letters of a job, one per id."""
+        merged: dict[str, tuple[str, str, str, str]] = {}
+
+        async def read(stub: stateserver_pb2_grpc.StateServerStub) -> None:
+            async for chunk in stub.ReadDeadLetters(
+                stateserver_pb2.ReadDeadLettersRequest(job_id=job_id),
+                timeout=rpc.DATA_TIMEOUT_S,
+            ):
+                for entry_id, stage, record, error in codec.unpack(chunk.entries):
+                    merged[entry_id] = (entry_id, stage, record, error)
+
+        await self._ask_all(f"reading dead letters of {job_id}", read)
+        return [merged[k] for k in sorted(merged)]
+
+    async def close(self) -> None:
+        """Cancels and awaits writes still running beyond their quorum."""
+        stragglers = list(self._stragglers)
+        for task in stragglers:
+            task.cancel()
+        await asyncio.gather(*stragglers, return_exceptions=True)
+        self._stragglers.clear()
+
+
+async def _latest_or_corrupt(
+    stub: stateserver_pb2_grpc.StateServerStub,
+    request: stateserver_pb2.GetLatestSnapshotRequest,
+) -> stateserver_pb2.GetLatestSnapshotResponse | None:
+    """A replica's newest snapshot; None when its copy is corrupt on disk (the
+    replica refused it with DATA_LOSS), so the reader uses another copy."""
+    try:
+        response: stateserver_pb2.GetLatestSnapshotResponse = await stub.GetLatestSnapshot(
+            request, timeout=rpc.DATA_TIMEOUT_S)
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() == grpc.StatusCode.DATA_LOSS:
+            log.error("a replica holds a corrupt copy of %s: %s", request.operator_id,
+                      exc.details())
+            return None
+        raise
+    return response
+
+
+def _error_of(task: asyncio.Future[Any], what: str) -> GridstreamError | None:
+    """The typed error a finished write task raised, or None if it succeeded."""
+    if task.cancelled():
+        return Unavailable(f"{what}: cancelled")
+    exc = task.exception()
+    if exc is None:
+        return None
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return from_rpc_error(exc, what)
+    if isinstance(exc, GridstreamError):
+        return exc
+    return Unavailable(f"{what}: {type(exc).__name__}: {exc}")
+
+
+__all__ = ["ReplicaClient"]
