@@ -40,6 +40,7 @@ unit: setup
 bench: setup
 	$(PY) bench/throughput.py
 	$(PY) bench/recovery.py
+	$(PY) bench/stateserver.py
 
 clean:
 	rm -rf $(VENV) gridstream/v1/*_pb2*.py gridstream/v1/*_pb2*.pyi $(GEN)
