@@ -41,6 +41,7 @@ bench: setup
 	$(PY) bench/throughput.py
 	$(PY) bench/recovery.py
 	$(PY) bench/stateserver.py
+	$(PY) bench/tracking.py
 
 clean:
 	rm -rf $(VENV) gridstream/v1/*_pb2*.py gridstream/v1/*_pb2*.pyi $(GEN)

@@ -209,6 +209,15 @@ async def _up(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _trackers(args: argparse.Namespace) -> int:
+    from gridstream.client import Client
+
+    async with Client(_scheduler_address(args), security=_security(args)) as client:
+        epoch = await client.set_tracker_count(args.count)
+    print(f"{args.count} trackers from epoch {epoch}")
+    return 0
+
+
 async def _retire(args: argparse.Namespace) -> int:
     from gridstream.client import Client
 
@@ -289,6 +298,14 @@ def build_parser() -> argparse.ArgumentParser:
     retire.add_argument("node_id", help="node id of the state server, as `gridstream status` "
                         "lists it")
     retire.set_defaults(run=_retire)
+
+    trackers = sub.add_parser(
+        "trackers", help="change the number of tuple trackers while jobs run",
+        description="Set how many trackers hold the XOR tracking records; only the roots "
+        "whose tracker changes on the ring are rebuilt on their new tracker.")
+    _add_client_flags(trackers)
+    trackers.add_argument("count", type=int, help="new number of trackers (1..4096)")
+    trackers.set_defaults(run=_trackers)
 
     cancel = sub.add_parser("cancel", help="cancel a job and delete its state")
     _add_client_flags(cancel)

@@ -346,6 +346,15 @@ class Client:
 
     # -- administration -----------------------------------------------------
 
+    async def set_tracker_count(self, count: int) -> int:
+        """Changes the number of tuple trackers while jobs run (admin right);
+        returns the epoch of the new layout."""
+        response = await self._call(
+            "setting the tracker count", self._scheduler.SetTrackerCount,
+            scheduler_pb2.SetTrackerCountRequest(count=count), rpc.CONTROL_TIMEOUT_S,
+        )
+        return int(response.epoch)
+
     async def retire_state_server(self, node_id: str) -> int:
         """Starts retiring a state server (admin right): it takes no new writes,
         hands its share to the other replicas, then leaves. Returns the epoch."""

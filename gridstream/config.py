@@ -55,7 +55,20 @@ class ClusterConfig:
     counts; 0 means a majority of replica_count."""
 
     tracker_count: int = 2
-    """Tracking units over which XOR tuple-tracking records are spread."""
+    """Trackers over which XOR tuple-tracking records are spread (hosted by
+    the workers; change it while running with `gridstream trackers N`)."""
+
+    tracker_virtual_positions: int = 64
+    """Positions of each tracker on the 32-bit tracker ring."""
+
+    tracking_timeout_s: float = 30.0
+    """Seconds after which a root whose tuple tree is incomplete is declared
+    failed and its lost batches are processed again (jobs may override)."""
+
+    tracking_flush_s: float = 0.5
+    """A task that has processed batches whose tracking reports wait for a
+    durable window closes its window after at most this long, even before W
+    records: trees complete within about this much of their last batch."""
 
 
 @dataclass(frozen=True)
@@ -214,6 +227,11 @@ class Config:
             ("worker.push_timeout_s", self.worker.push_timeout_s > 0, "must be > 0"),
             ("worker.max_record_attempts", self.worker.max_record_attempts >= 1, "must be >= 1"),
             ("stateserver.keep_windows", self.stateserver.keep_windows >= 1, "must be >= 1"),
+            ("cluster.tracker_count", 1 <= self.cluster.tracker_count <= 4096, "must be 1..4096"),
+            ("cluster.tracker_virtual_positions", self.cluster.tracker_virtual_positions >= 1,
+             "must be >= 1"),
+            ("cluster.tracking_timeout_s", self.cluster.tracking_timeout_s > 0, "must be > 0"),
+            ("cluster.tracking_flush_s", self.cluster.tracking_flush_s > 0, "must be > 0"),
             ("cluster.write_quorum",
              0 <= self.cluster.write_quorum <= self.cluster.replica_count,
              "must be 0 (majority) or between 1 and cluster.replica_count"),

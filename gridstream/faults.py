@@ -54,3 +54,25 @@ def write_delay_s() -> float:
         return max(0.0, float(os.environ.get("GRIDSTREAM_FAULT_WRITE_DELAY_S", "0")))
     except ValueError:
         return 0.0
+
+
+_dropped: dict[str, int] = {}
+
+
+def drop_batch(node_id: str, task: int) -> bool:
+    """True when this batch must be lost inside the task (tests of tuple
+    tracking): ``GRIDSTREAM_FAULT_DROP_BATCH=<node>:<task>:<n>`` loses the n-th
+    batch task ``task`` takes on that node; the batch stays in the container,
+    as a batch lost after it was taken would."""
+    spec = os.environ.get("GRIDSTREAM_FAULT_DROP_BATCH")
+    if not spec:
+        return False
+    try:
+        node, task_text, nth = spec.split(":")
+        wanted_task, target = int(task_text), int(nth)
+    except ValueError:
+        return False
+    if node != node_id or wanted_task != task:
+        return False
+    _dropped[node] = _dropped.get(node, 0) + 1
+    return _dropped[node] == target

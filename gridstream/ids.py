@@ -66,3 +66,12 @@ def record_id(channel: str, sequence: int, index: int) -> int:
 def checksum(payload: bytes) -> str:
     """blake2b-64 of a payload, hex; guards snapshots against corruption."""
     return hashlib.blake2b(payload, digest_size=8).hexdigest()
+
+
+def tuple_id(task: int, partition: int, channel: str, sequence: int) -> int:
+    """The 64-bit tracking id of one batch in one container: the tuple of the
+    XOR tracker. Stable across replays (a replayed batch has the same
+    container, channel and sequence) and never zero."""
+    digest = hashlib.blake2b(f"{task}/{partition}/{channel}#{sequence}".encode(),
+                             digest_size=8).digest()
+    return int.from_bytes(digest, "big") or 1

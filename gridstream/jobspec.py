@@ -93,6 +93,8 @@ class JobSpec:
     delivery: str = "exactly_once"
     window_size: int = 0
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    tracking_timeout_s: float = 0.0
+    """Seconds before an incomplete root fails; 0 means the cluster's default."""
 
     def to_proto(self) -> common_pb2.JobSpec:
         """The wire form."""
@@ -101,6 +103,7 @@ class JobSpec:
             partitions=self.partitions,
             delivery=DELIVERY_MODES[self.delivery],  # type: ignore[arg-type]
             window_size=self.window_size,
+            tracking_timeout_s=self.tracking_timeout_s,
             stages=[
                 common_pb2.StageSpec(
                     name=s.name,
@@ -130,7 +133,8 @@ class JobSpec:
         delivery = DELIVERY_NAMES.get(spec.delivery or common_pb2.DELIVERY_MODE_EXACTLY_ONCE)
         if delivery is None:
             raise InvalidArgument(f"unknown delivery mode {spec.delivery}")
-        job = cls(spec.name, tuple(stages), spec.partitions, delivery, spec.window_size)
+        job = cls(spec.name, tuple(stages), spec.partitions, delivery, spec.window_size,
+                  tracking_timeout_s=spec.tracking_timeout_s)
         validate(job)
         return job
 
@@ -142,6 +146,7 @@ class JobSpec:
             self.partitions or partitions,
             self.delivery,
             self.window_size or window_size,
+            tracking_timeout_s=self.tracking_timeout_s,
         )
 
 
@@ -158,6 +163,8 @@ def validate(job: JobSpec) -> None:
     _require(0 <= job.partitions <= MAX_PARTITIONS,
              f"job {job.name}: partitions must be between 1 and {MAX_PARTITIONS}")
     _require(job.window_size >= 0, f"job {job.name}: window_size must be >= 1")
+    _require(job.tracking_timeout_s >= 0,
+             f"job {job.name}: tracking_timeout_s must be > 0 (or 0 for the cluster default)")
     _require(job.delivery in DELIVERY_MODES,
              f"job {job.name}: delivery must be one of {', '.join(DELIVERY_MODES)}")
     _require(len(job.stages) >= 1, f"job {job.name}: needs at least one stage (a sink)")
@@ -234,7 +241,8 @@ def from_mapping(data: dict[str, Any], source: str = "job") -> JobSpec:
     """Builds a job from a parsed TOML document; raises InvalidArgument."""
     head = data.get("job", {})
     _require(isinstance(head, dict), f"{source}: [job] must be a table")
-    unknown = set(head) - {"name", "partitions", "delivery", "window_size"}
+    unknown = set(head) - {"name", "partitions", "delivery", "window_size",
+                           "tracking_timeout_s"}
     _require(not unknown, f"{source}: unknown keys in [job]: {', '.join(sorted(unknown))}")
     raw_stages = data.get("stages")
     _require(isinstance(raw_stages, list) and bool(raw_stages),
@@ -265,6 +273,7 @@ def from_mapping(data: dict[str, Any], source: str = "job") -> JobSpec:
         partitions=partitions,
         delivery=str(head.get("delivery", "exactly_once")),
         window_size=window,
+        tracking_timeout_s=float(head.get("tracking_timeout_s", 0.0)),
     )
     validate(job)
     return job

@@ -40,7 +40,9 @@ def drain_verdict(spec: JobSpec, entries: Iterable[common_pb2.TaskProgress]) -> 
         (a worker that has not deployed yet, or a task being moved) or a
         duplicate one (two workers both claim it during a handoff) is not drained;
     (b) every entry has ``queue_batches == 0``, ``outbound_pending == 0``,
-        ``persist_pending == 0`` and ``records_processed == records_in``.
+        ``persist_pending == 0`` and ``records_processed == records_in``;
+    (c) no source task holds a pending root (``roots_pending == 0``): every
+        tracked tuple tree is complete.
 
     ``spec`` must have its defaults filled in (``partitions`` > 0).
     """
@@ -72,4 +74,6 @@ def drain_verdict(spec: JobSpec, entries: Iterable[common_pb2.TaskProgress]) -> 
         if e.records_processed != e.records_in:
             return DrainVerdict(False, f"{where}: processed {e.records_processed} of "
                                 f"{e.records_in} records")
+        if e.roots_pending:
+            return DrainVerdict(False, f"{where}: {e.roots_pending} tuple trees not complete")
     return DrainVerdict(True)

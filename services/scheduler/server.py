@@ -56,6 +56,7 @@ class SchedulerCore:
         self._jobs_version = 0
         self._saved_epoch = membership.epoch
         self.detections = 0
+        self.tracker_count = config.cluster.tracker_count
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """A cached channel to a member."""
@@ -111,6 +112,17 @@ class SchedulerCore:
             self.record(node_id, old_state, record.state, record.phi)
             log.info("%s retiring: out of the write ring at epoch %d", node_id,
                      self.membership.epoch)
+            await self.persist_epoch()
+        return self.membership.epoch
+
+    async def set_tracker_count(self, count: int) -> int:
+        """Changes the number of trackers at a new epoch (kept until restart;
+        set cluster.tracker_count in the config to make it permanent)."""
+        if not 1 <= count <= 4096:
+            raise InvalidArgument(f"tracker count {count} is out of range; use 1..4096")
+        if count != self.tracker_count:
+            self.tracker_count = count
+            self.membership.bump(f"tracker count set to {count}")
             await self.persist_epoch()
         return self.membership.epoch
 
@@ -171,6 +183,9 @@ class SchedulerCore:
         table = self.tables.build(self.membership, self.registry.running(), self._jobs_version)
         table.state_replicas = self.config.cluster.replica_count
         table.state_write_quorum = self.config.cluster.write_quorum
+        table.tracker_count = self.tracker_count
+        table.tracker_virtual_positions = self.config.cluster.tracker_virtual_positions
+        table.tracking_timeout_s = self.config.cluster.tracking_timeout_s
         return table
 
     def workers(self) -> list[tuple[str, str]]:
@@ -413,3 +428,11 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
             raise InvalidArgument("node_id and incarnation must both be set")
         return scheduler_pb2.DeregisterResponse(
             epoch=await self.core.deregister(request.node_id, request.incarnation))
+
+    @servicer_method
+    async def SetTrackerCount(self, request: scheduler_pb2.SetTrackerCountRequest,
+                              context: grpc.aio.ServicerContext
+                              ) -> scheduler_pb2.SetTrackerCountResponse:
+        """Changes the number of trackers while jobs run."""
+        return scheduler_pb2.SetTrackerCountResponse(
+            epoch=await self.core.set_tracker_count(request.count))

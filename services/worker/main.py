@@ -81,6 +81,7 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
                                 scheduler_pb2.MEMBER_ROLE_WORKER, address, node.on_epoch,
                                 node.fence)
             agent_task = group.create_task(agent.run(), name="heartbeats")
+            trackers_task = group.create_task(node.trackers.run(), name="trackers")
             metrics_address = metrics.start(config.worker.host, config.worker.metrics_port,
                                             node.metrics)
             log.info("worker %s serving on %s (pid %d)", node_id, address, os.getpid())
@@ -90,6 +91,7 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
             log.info("worker %s draining", node_id)
             await host.stop(grace_s=5.0)
             agent_task.cancel()
+            trackers_task.cancel()
             await node.close()
             await agent.close()
     finally:

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass, field
 
 import grpc
+import numpy as np
 
 from gridstream import codec
 from gridstream.config import Config
@@ -32,6 +33,7 @@ from services.worker.peers import Channels, OutSegment, PeerRouter, StateClient
 from services.worker.queues import Entry, JobContainer
 from services.worker.replication import BackupStore, ContainerKey, to_log_entry
 from services.worker.tasks import FetchedLog, TaskRunner
+from services.worker.trackers import TrackerHost, TrackerLayout, TrackingReporter, pack, unpack
 
 FETCH_TIMEOUT_S = 10.0
 CHUNK_ENTRIES = 256
@@ -75,6 +77,9 @@ class WorkerNode:
         self._sync_lock = asyncio.Lock()
         self._synced_epoch = 0  # the table epoch our tasks were last aligned with
         self.recoveries = 0
+        self.trackers = TrackerHost(node_id, routing, channels)
+        self.reporter = TrackingReporter(node_id, routing, channels, self.trackers)
+        self._layout: TrackerLayout | None = None
 
     def deploy(self, job_id: str, spec_proto: common_pb2.JobSpec) -> JobRuntime:
         """Installs a job (idempotent); raises InvalidArgument if an import path
@@ -122,8 +127,12 @@ class WorkerNode:
             self.config.worker.queue_max_records,
             self.config.worker.output_batch_records,
             self.config.cluster.backup_count,
+            self.reporter,
+            self.config.cluster.tracking_flush_s,
         )
         runner.epoch = self.routing.epoch
+        if runtime.spec.tracking_timeout_s:
+            self.trackers.timeouts[runtime.job_id] = runtime.spec.tracking_timeout_s
         runtime.runners[(task, partition)] = runner
         runtime.handles[(task, partition)] = self.group.create_task(
             self._supervise(runner), name=f"task {runner.operator_id}"
@@ -163,6 +172,67 @@ class WorkerNode:
             for job_id in list(self.jobs):
                 if job_id not in listed and self.jobs[job_id].runners:
                     await self.stop_job(job_id)
+            self._check_tracker_layout()
+
+    def _check_tracker_layout(self) -> None:
+        """When trackers moved (a host died or joined, or the count changed),
+        source tasks ask the new trackers of their pending roots to rebuild
+        them: only the roots whose tracker or host changed."""
+        new = TrackerLayout.from_routing(self.routing)
+        old, self._layout = self._layout, new
+        if old is None or (old.count == new.count and old.hosts == new.hosts):
+            return
+        for runtime in self.jobs.values():
+            for runner in runtime.runners.values():
+                tracking = runner.tracking
+                if tracking is None or not tracking.is_source or not tracking.pending:
+                    continue
+                roots = np.fromiter(tracking.pending, dtype=np.uint64, count=len(tracking.pending))
+                before, after = old.trackers_of(roots), new.trackers_of(roots)
+                moved = (before != after) | (
+                    np.asarray(old.hosts, dtype=object)[before]
+                    != np.asarray(new.hosts, dtype=object)[after])
+                if moved.any():
+                    runner.request_rebuild({int(r) for r in roots[moved]})
+
+    async def tracking_events(
+        self, request: worker_pb2.TrackingEventsRequest
+    ) -> worker_pb2.TrackingEventsResponse:
+        """Hands a tracker's events to this worker's tasks of the job and, for a
+        rebuild, sums their contributions."""
+        if request.epoch > self.routing.epoch:
+            await self.routing.refresh(at_least=request.epoch)
+        runtime = self.jobs.get(request.job_id)
+        if runtime is None:
+            return worker_pb2.TrackingEventsResponse(complete=True)
+        completed = unpack(request.completed).tolist()
+        failed = unpack(request.failed).tolist()
+        collect = {int(r) for r in unpack(request.collect)}
+        complete = True
+        owners = self.routing.owners.get(request.job_id, [])
+        for partition, owner in enumerate(owners):
+            if owner != self.node_id:
+                continue
+            for task in range(len(runtime.tasks)):
+                runner = runtime.runners.get((task, partition))
+                if runner is None or not runner.ready.is_set():
+                    complete = False
+        contributions: dict[int, int] = {}
+        through: dict[str, int] = {}
+        sources: set[int] = set()
+        for runner in list(runtime.runners.values()):
+            if not runner.ready.is_set():
+                complete = False
+                continue
+            mine, sequence, pending = await runner.tracking_events(completed, failed, collect)
+            for root, value in mine.items():
+                contributions[root] = contributions.get(root, 0) ^ value
+            through[runner.reporter_id] = sequence
+            sources |= pending
+        pairs = [x for root, value in contributions.items() for x in (root, value)]
+        return worker_pb2.TrackingEventsResponse(
+            contributions=pack(pairs), complete=complete, reported_through=through,
+            source_pending=pack(sorted(sources)))
 
     async def _stop_task(self, runtime: JobRuntime, key: tuple[int, int]) -> None:
         """Stops a task whose partition moved away; its container stays readable
@@ -268,7 +338,8 @@ class WorkerNode:
         """Appends a segment produced on this worker to one of its containers."""
         runner = await self.runner_for(job_id, segment.task, segment.partition, 0)
         return await runner.accept(
-            segment.channel, segment.sequence, segment.keys, segment.values, timeout_s
+            segment.channel, segment.sequence, segment.keys, segment.values, timeout_s,
+            root=segment.root,
         )
 
     # -- replication and handoff ----------------------------------------------
@@ -341,7 +412,7 @@ class WorkerNode:
                 for item in chunk.entries:
                     keys, values = codec.decode_batch(item.batch)
                     entries.append(Entry(item.offset, item.channel, item.sequence, keys, values,
-                                         item.batch))
+                                         item.batch, root=item.root))
         except grpc.aio.AioRpcError as exc:
             log.warning("fetching %s from %s failed: %s", key, node, exc.code().name)
             return None
@@ -356,7 +427,7 @@ class WorkerNode:
             for item in chunk.entries:
                 keys, values = codec.decode_batch(item.batch)
                 entries.append(Entry(item.offset, item.channel, item.sequence, keys, values,
-                                     item.batch))
+                                     item.batch, root=item.root))
         return chunks[0].base_offset, dict(chunks[0].sequences), entries
 
     async def fetch_log(self, key: ContainerKey) -> FetchedLog | None:
@@ -412,7 +483,18 @@ class WorkerNode:
         recoveries = counter("gridstream_recoveries", "Tasks started from a snapshot or a "
                              "log copy taken over from another worker", [])
         recoveries.add_metric([], self.recoveries)
-        return [*families.values(), recoveries]
+        roots = gauge("gridstream_tracked_roots", "In-flight roots held by the trackers this "
+                      "worker hosts", [])
+        roots.add_metric([], self.trackers.roots_held)
+        table_bytes = gauge("gridstream_tracker_bytes", "Bytes of the tracking tables this "
+                            "worker hosts", [])
+        table_bytes.add_metric([], self.trackers.bytes_held)
+        outcomes = counter("gridstream_tracked_roots_outcomes", "Roots whose tree completed, "
+                           "timed out, or was rebuilt, on trackers hosted here", ["outcome"])
+        outcomes.add_metric(["completed"], self.trackers.completed)
+        outcomes.add_metric(["failed"], self.trackers.failed)
+        outcomes.add_metric(["rebuilt"], self.trackers.rebuilt)
+        return [*families.values(), recoveries, roots, table_bytes, outcomes]
 
     def drop_retired(self, key: ContainerKey) -> None:
         """Forgets a retired container once its new owner has it."""

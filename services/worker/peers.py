@@ -38,6 +38,8 @@ class OutSegment:
     sequence: int
     keys: list[Any] | None
     values: list[Any]
+    root: int = 0
+    """Tuple tracking: the root whose tree this batch is in."""
     _proto: worker_pb2.Segment | None = None
 
     def to_proto(self) -> worker_pb2.Segment:
@@ -49,6 +51,7 @@ class OutSegment:
                 channel=self.channel,
                 sequence=self.sequence,
                 batch=codec.encode_batch(self.values, self.keys),
+                root=self.root,
             )
         return self._proto
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,8 @@ class Entry:
     does not encode it again."""
     previous_sequence: int = 0
     """The channel's highest sequence before this batch, to roll back to."""
+    root: int = 0
+    """Tuple tracking: the root (source batch) whose tree this batch is in."""
 
     @property
     def count(self) -> int:
@@ -149,6 +152,7 @@ class JobContainer:
         values: list[Any],
         timeout_s: float | None = None,
         batch: common_pb2.RecordBatch | None = None,
+        root: int = 0,
     ) -> tuple[bool, int]:
         """Appends a batch unless it is a duplicate; waits while the container is
         full. Returns (accepted, offset), where for a duplicate the offset is
@@ -175,7 +179,7 @@ class JobContainer:
                     return False, self._last_offset.get(channel, -1)
             offset = self._next_offset
             self._entries.append(Entry(offset, channel, sequence, keys, values, batch,
-                                       self._last_sequence.get(channel, 0)))
+                                       self._last_sequence.get(channel, 0), root))
             self._next_offset += 1
             self._unconsumed_records += len(values)
             self._last_sequence[channel] = sequence
@@ -203,16 +207,37 @@ class JobContainer:
 
     # -- consuming ----------------------------------------------------------
 
-    async def take(self, offset: int) -> Entry:
-        """The committed entry at ``offset``, waiting until there is one."""
+    async def take(self, offset: int, interrupted: Callable[[], bool] | None = None
+                   ) -> Entry | None:
+        """The committed entry at ``offset``, waiting until there is one; None
+        when ``interrupted()`` turns true first (see :meth:`poke`)."""
         async with self._changed:
-            await self._changed.wait_for(lambda: self._closed or offset < self._committed)
+            await self._changed.wait_for(
+                lambda: self._closed or offset < self._committed
+                or (interrupted is not None and interrupted()))
             self._check_open()
+            if offset >= self._committed:
+                return None
             if offset < self._base:
                 raise LookupError(
                     f"{self.container_id}: offset {offset} was trimmed (base {self._base})"
                 )
             return self._entries[offset - self._base]
+
+    async def poke(self) -> None:
+        """Wakes a waiting :meth:`take` so it re-checks its ``interrupted``."""
+        async with self._changed:
+            self._changed.notify_all()
+
+    def entry_at(self, offset: int) -> Entry | None:
+        """The retained entry at ``offset``, or None if trimmed or not yet appended."""
+        if self._base <= offset < self._next_offset:
+            return self._entries[offset - self._base]
+        return None
+
+    def retained(self) -> list[Entry]:
+        """Every entry still held, in offset order."""
+        return list(self._entries)
 
     async def mark_consumed(self, offset: int) -> None:
         """Records that the operator is done with every entry below ``offset``."""

@@ -58,7 +58,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             wait = None if remaining is None else max(0.0, remaining - _MARGIN_S)
             try:
                 accepted = await runner.accept(
-                    segment.channel, segment.sequence, keys, values, wait, segment.batch
+                    segment.channel, segment.sequence, keys, values, wait, segment.batch,
+                    root=segment.root,
                 )
             except TimeoutError:
                 raise ResourceExhausted(
@@ -129,3 +130,26 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return worker_pb2.GetTaskProgressResponse(
             tasks=self.node.progress(request.job_id), epoch=self.node.routing.epoch
         )
+
+    @servicer_method
+    async def Track(
+        self, request: worker_pb2.TrackRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.TrackResponse:
+        """Applies a task's tracking report to a tracker hosted here."""
+        if not request.job_id:
+            raise InvalidArgument("job_id is empty; name the job the roots belong to")
+        if len(request.roots) % 8 or len(request.roots) != len(request.values):
+            raise InvalidArgument("roots and values must be little-endian uint64 arrays of "
+                                  "the same length; nothing applied")
+        held = await self.node.trackers.track(request)
+        return worker_pb2.TrackResponse(roots_held=held)
+
+    @servicer_method
+    async def TrackingEvents(
+        self, request: worker_pb2.TrackingEventsRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.TrackingEventsResponse:
+        """Completed, failed and to-be-rebuilt roots, for this worker's tasks."""
+        for name in ("completed", "failed", "collect"):
+            if len(getattr(request, name)) % 8:
+                raise InvalidArgument(f"{name} must be a little-endian uint64 array")
+        return await self.node.tracking_events(request)

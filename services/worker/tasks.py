@@ -25,21 +25,26 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gridstream import codec
 from gridstream.errors import GridstreamError
-from gridstream.faults import crash_point
-from gridstream.ids import container_id, key_text, operator_id, task_channel
+from gridstream.faults import crash_point, drop_batch
+from gridstream.ids import container_id, key_text, operator_id, task_channel, tuple_id
 from gridstream.jobspec import JobSpec, Stage, resolve
 from gridstream.v1 import common_pb2
 from services.worker.operators import DeadLetter, OperatorChain
-from services.worker.peers import PeerRouter, StateClient
+from services.worker.peers import OutSegment, PeerRouter, StateClient
 from services.worker.queues import Entry, JobContainer
 from services.worker.replication import Replicator
 from services.worker.shuffle import Shuffle
 from services.worker.snapshots import LatestSnapshot, PendingSnapshot, Persister, WindowSnapshot
+from services.worker.tracking import REPLAY_PREFIX, TaskTracking, is_replay, original_channel
+
+if TYPE_CHECKING:
+    from services.worker.trackers import TrackingReporter
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +77,8 @@ class TaskRunner:
         max_records: int,
         batch_records: int,
         backup_count: int,
+        reporter: TrackingReporter | None = None,
+        tracking_flush_s: float = 0.5,
     ) -> None:
         self.job_id = job_id
         self.spec = spec
@@ -108,7 +115,7 @@ class TaskRunner:
         if spec.delivery != "at_most_once" and backup_count > 0:
             self.replicator = Replicator(
                 self.key, self.container, node_id, router.routing, router.channels,
-                backup_count, lambda: self.durable_offset,
+                backup_count, self.trim_bound,
             )
         self.ready = asyncio.Event()
         self._rows: dict[Any, Any] = {}
@@ -120,6 +127,20 @@ class TaskRunner:
         self.recovered_batches = 0
         self.recovery_seconds = 0.0
         self.epoch = 0
+        self.tracking: TaskTracking | None = None
+        if spec.delivery != "at_most_once" and reporter is not None:
+            self.tracking = TaskTracking(is_source=task_index == 0)
+        self.reporter = reporter
+        self.reporter_id = f"{self.operator_id}@{uuid.uuid4().hex[:12]}"
+        self.tracking_flush_s = tracking_flush_s
+        self.tracking_lock = asyncio.Lock()
+        """Held while reporting and while answering a tracker's collect, so a
+        collected answer and the reports around it are ordered."""
+        self._report_wake = asyncio.Event()
+        self._close_requested = False
+        self._last_close = time.monotonic()
+        self._needs_rebuild: set[int] = set()
+        self.invocations = 0
         self._row_version = 0
         """Version of the last result write: increases with every write, and a
         later owner's are higher (its windows are numbered from epoch << 20),
@@ -138,6 +159,9 @@ class TaskRunner:
             group.create_task(self.persister.run(), name=f"persist {self.operator_id}")
             if self.replicator is not None:
                 group.create_task(self.replicator.run(), name=f"replicate {self.operator_id}")
+            if self.tracking is not None:
+                group.create_task(self._report_loop(), name=f"track {self.operator_id}")
+                group.create_task(self._flush_timer(), name=f"window timer {self.operator_id}")
             group.create_task(self._loop(), name=f"operate {self.operator_id}")
 
     async def _retry(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
@@ -159,6 +183,7 @@ class TaskRunner:
         fetched = await self._fetch_log(self.key)
         offset = 0
         in_sequences: dict[str, int] = {}
+        saved: dict[str, Any] = {}
         if snapshot is not None:
             window, payload = snapshot
             saved = codec.unpack(payload)
@@ -193,6 +218,15 @@ class TaskRunner:
         if self.spec.delivery == "at_most_once":
             offset = max(offset, self.container.next_offset)
             self.container.skip_to(offset)
+        if self.tracking is not None:
+            for entry in self.container.retained():
+                self.tracking.retain(entry.offset, entry.root or self._own_root(entry))
+            self.tracking.restore(saved.get("tracking") or [], offset)
+            # Whether the restored contributions reached their trackers before the
+            # crash is unknown: their trackers rebuild those roots from the tasks.
+            self._needs_rebuild = self.tracking.reported_roots()
+            if self._needs_rebuild:
+                self._report_wake.set()
         self.latest.offset = offset
         self.recovered_batches = self.container.next_offset - offset
         self.recovery_seconds = time.monotonic() - started
@@ -213,14 +247,23 @@ class TaskRunner:
         values: list[Any],
         timeout_s: float | None,
         batch: common_pb2.RecordBatch | None = None,
+        root: int = 0,
     ) -> bool:
         """Appends a batch and returns once it is committed (held by every
         backup): only then may its sender be acknowledged. False for a
-        duplicate (also only once the original is committed)."""
+        duplicate (also only once the original is committed). ``root`` is the
+        tracked root the batch descends from; 0 makes a client's batch its
+        own root."""
         await asyncio.wait_for(self.ready.wait(), timeout_s)
+        if not root and self.tracking is not None:
+            root = tuple_id(self.task_index, self.partition, channel, sequence)
         accepted, offset = await self.container.append(
-            channel, sequence, keys, values, timeout_s, batch
+            channel, sequence, keys, values, timeout_s, batch, root
         )
+        if accepted and self.tracking is not None:
+            self.tracking.retain(offset, root)
+            if self.tracking.unregistered:
+                self._report_wake.set()
         if self.replicator is None:
             await self.container.commit_through(self.container.next_offset)
         elif accepted:
@@ -235,18 +278,38 @@ class TaskRunner:
         container = self.container
         while True:
             offset = self.latest.offset
-            entry = await container.take(offset)
+            entry = await container.take(offset, lambda: self._close_requested)
+            if entry is None:  # the window timer: close the window so reports can flow
+                self._close_requested = False
+                if self.window.batches:
+                    self._close_window()
+                continue
             self.latest.begin(entry.channel, entry.sequence, offset)
+            if self.tracking is not None and drop_batch(self.node_id, self.task_index):
+                log.warning("%s: fault injection lost batch %s#%d at offset %d", self.operator_id,
+                            entry.channel, entry.sequence, offset)
+                self.latest.finish(offset + 1)
+                await container.mark_consumed(offset + 1)
+                self.records_processed += entry.count  # taken, and lost
+                continue
             batch_id = f"{entry.channel}#{entry.sequence}"
+            self.invocations += entry.count
             result = self.chain.process(entry.keys, entry.values, batch_id)
             dead = result.dead_letters
+            segments: list[OutSegment] = []
             if self.shuffle is not None and result.values:
                 segments = self.shuffle.split(result.values, batch_id, dead)
+                for segment in segments:
+                    segment.root = entry.root
                 self.outbound_pending = len(segments)
                 await self.shuffle.deliver(segments)
                 crash_point(self.node_id, "after_emit")
                 self.outbound_pending = 0
                 self.records_out += sum(len(s.values) for s in segments)
+            if self.tracking is not None:
+                self.tracking.processed(offset, self._tuple_id(entry), [
+                    tuple_id(seg.task, seg.partition, seg.channel, seg.sequence)
+                    for seg in segments])
             self.latest.finish(offset + 1)
             await container.mark_consumed(offset + 1)
             self.records_processed += entry.count
@@ -256,7 +319,8 @@ class TaskRunner:
             if dead:
                 self.dead_letters += len(dead)
                 self._dead.extend(dead)
-            if self.window.records >= self.window_size:
+            if self.window.records >= self.window_size or self._close_requested:
+                self._close_requested = False
                 self._close_window()
             elif container.pending_batches == 0 and (self._rows or self._dead):
                 self._flush()
@@ -276,7 +340,9 @@ class TaskRunner:
             "state": self.chain.snapshot_state(),
             "functions": list(self.latest.functions),
             "batches": self.window.batches,
+            "tracking": self.tracking.snapshot() if self.tracking is not None else [],
         })
+        self._last_close = time.monotonic()
         number = self.window.close()
         self._flush(PendingSnapshot(number, offset, payload))
 
@@ -307,9 +373,135 @@ class TaskRunner:
 
     def _durable(self, offset: int) -> None:
         self.durable_offset = max(self.durable_offset, offset)
-        self.container.trim(offset)
+        self.container.trim(self.trim_bound())
         if self.replicator is not None:
             self.replicator.notify()
+        if self.tracking is not None:
+            self._report_wake.set()
+
+    def trim_bound(self) -> int:
+        """Entries below this offset may leave the container and its backups:
+        covered by a durable window, and (when tracked) of completed roots only."""
+        bound = self.durable_offset
+        if self.tracking is not None:
+            keep = self.tracking.keep_from()
+            if keep is not None:
+                bound = min(bound, keep)
+        return bound
+
+    # -- tuple tracking ------------------------------------------------------
+
+    def _own_root(self, entry: Entry) -> int:
+        return tuple_id(self.task_index, self.partition, original_channel(entry.channel),
+                        entry.sequence)
+
+    def _tuple_id(self, entry: Entry) -> int:
+        """The batch's tracking id; a replayed batch stands for its original."""
+        return tuple_id(self.task_index, self.partition, original_channel(entry.channel),
+                        entry.sequence)
+
+    async def _flush_timer(self) -> None:
+        """Closes the window when processed batches have waited ``tracking_flush_s``
+        for a durable window, so their trees can complete without more input."""
+        assert self.tracking is not None
+        while True:
+            await asyncio.sleep(self.tracking_flush_s / 2)
+            if (self.tracking.unreported and self.window.batches
+                    and time.monotonic() - self._last_close >= self.tracking_flush_s):
+                self._close_requested = True
+                await self.container.poke()
+            self.request_rebuild(self.tracking.overdue(time.monotonic(), self.tracking_timeout_s()))
+
+    def tracking_timeout_s(self) -> float:
+        """The job's root timeout, or the cluster's."""
+        return (self.spec.tracking_timeout_s or self.state_client.routing.table.tracking_timeout_s
+                or 30.0)
+
+    async def _report_loop(self) -> None:
+        """Sends contributions covered by a durable window, and rebuild requests."""
+        assert self.tracking is not None and self.reporter is not None
+        tracking, reporter = self.tracking, self.reporter
+        delay = 0.05
+        while True:
+            await self._report_wake.wait()
+            self._report_wake.clear()
+            try:
+                async with self.tracking_lock:
+                    if self._needs_rebuild:
+                        # Requests arriving while this one is on the wire wait
+                        # for the next round instead of being cleared with it.
+                        roots, self._needs_rebuild = self._needs_rebuild, set()
+                        try:
+                            await reporter.rebuild(self.job_id, sorted(roots))
+                        except BaseException:
+                            self._needs_rebuild |= roots
+                            raise
+                    registrations = tracking.registrations()
+                    ready = tracking.reportable(self.durable_offset)
+                    if ready or registrations:
+                        tracking.sequence += 1
+                        await reporter.report(
+                            self.job_id, self.reporter_id, tracking.sequence,
+                            registrations + [r for _, r, _ in ready],
+                            registrations + [v for _, _, v in ready])
+                        tracking.mark_registered(registrations)
+                        tracking.mark_reported([o for o, _, _ in ready])
+                delay = 0.05
+            except GridstreamError as exc:
+                log.info("%s: tracking report failed (%s); retrying", self.operator_id, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                self._report_wake.set()
+
+    def request_rebuild(self, roots: set[int]) -> None:
+        """Asks the roots' (new) trackers to rebuild them (their tracker moved)."""
+        if self.tracking is not None and roots:
+            self._needs_rebuild |= roots
+            self._report_wake.set()
+
+    async def tracking_events(
+        self, completed: list[int], failed: list[int], collect: set[int]
+    ) -> tuple[dict[int, int], int, set[int]]:
+        """Applies a tracker's events. Returns, for ``collect``, this task's
+        contributions, the sequence of its last report they include, and which
+        of the roots it holds pending as their source."""
+        tracking = self.tracking
+        if tracking is None:
+            return {}, 0, set()
+        if completed:
+            tracking.finished(completed)
+            self.container.trim(self.trim_bound())
+            if self.replicator is not None:
+                self.replicator.notify()
+        if failed:
+            mine = [r for r in failed if r in tracking.pending]
+            if tracking.is_source:
+                tracking.figures.roots_failed += len(mine)
+            for offset in tracking.lost(mine, self.latest.offset):
+                await self._replay(offset)
+        if not collect:
+            return {}, 0, set()
+        async with self.tracking_lock:
+            contributions = tracking.contributions(collect)
+            through = tracking.sequence
+        sources = {r for r in collect if r in tracking.pending} if tracking.is_source else set()
+        return contributions, through, sources
+
+    async def _replay(self, offset: int) -> None:
+        """Partial recovery: appends a lost batch, still held in this task's
+        replicated input, to the container again; only this task and the ones
+        after it run for it. Appending twice is a duplicate, so asking again
+        for the same loss does nothing."""
+        entry = self.container.entry_at(offset)
+        if entry is None or is_replay(entry.channel):
+            return
+        accepted = await self.accept(REPLAY_PREFIX + entry.channel, entry.sequence,
+                                     entry.keys, entry.values, None, entry.batch, entry.root)
+        if accepted and self.tracking is not None:
+            self.tracking.figures.batches_replayed += 1
+            self.tracking.figures.records_replayed += entry.count
+            log.warning("%s: root failed; processing lost batch %s#%d again from this task's "
+                        "input", self.operator_id, entry.channel, entry.sequence)
 
     def progress(self, node_id: str) -> common_pb2.TaskProgress:
         """Counters for the scheduler's drain check and for status displays."""
@@ -328,7 +520,21 @@ class TaskRunner:
             node_id=node_id,
             replicated_epoch=(self.replicator.synced_epoch if self.replicator is not None
                               else self.epoch_now()),
+            invocations=self.invocations,
+            **self._tracking_progress(),
         )
+
+    def _tracking_progress(self) -> dict[str, int]:
+        tracking = self.tracking
+        if tracking is None:
+            return {}
+        return {
+            "roots_pending": tracking.roots_pending if tracking.is_source else 0,
+            "roots_finished": tracking.figures.roots_finished,
+            "roots_failed": tracking.figures.roots_failed,
+            "batches_replayed": tracking.figures.batches_replayed,
+            "records_replayed": tracking.figures.records_replayed,
+        }
 
     def epoch_now(self) -> int:
         """The worker's current routing epoch."""

@@ -35,6 +35,16 @@ async def test_metrics_endpoints_expose_the_named_series(cluster: LocalCluster,
                     if line.startswith("gridstream_records_processed_total{")
                     and f'job="{job_id}"' in line and 'task="1"' in line)
     assert processed == 20_000  # every word counted once, across the three workers
+
+    def total(name: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in worker_text.splitlines()
+                   if line.startswith(name))
+
+    # Tuple tracking: every root of the drained job completed on some tracker,
+    # and completed roots leave the trackers.
+    assert total('gridstream_tracked_roots_outcomes_total{outcome="completed"}') >= 1
+    assert "gridstream_tracker_bytes" in worker_text
+    assert total("gridstream_tracked_roots ") == 0
     scheduler_text = await asyncio.to_thread(scrape, cluster.members["scheduler"].metrics_address)
     for series in ("gridstream_member_phi", "gridstream_member_state",
                    "gridstream_detections_total", "gridstream_routing_epoch"):

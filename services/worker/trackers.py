@@ -1,0 +1,412 @@
+"""Trackers hosted on this worker: the XOR checkValues of roots, their
+timeouts, and rebuilding them from the tasks.
+
+The cluster has ``tracker_count`` trackers (from the routing table, so it can
+change while jobs run). A root goes to the tracker the 32-bit tracker ring
+gives it; tracker k is hosted by the worker that owns the key "tracker/<k>"
+on the worker ring. Each hosted tracker keeps, per job, a compact
+:class:`~gridstream.tracking.TrackingTable`.
+
+- A report XORs values into roots; a root reaching zero is complete, and
+  every worker of the job is told (its tasks drop the root's retained
+  batches).
+- A root still non-zero after its timeout has failed: the tracker rebuilds it
+  (asks every worker for its tasks' contributions to it, which also tells
+  them it failed, so a task that lost a batch of it appends that batch to its
+  container again). Rebuilding also serves a tracker that moved to this
+  worker (its host died, or the ring was resized): the roots' source tasks
+  ask for it, and the checkValue is computed again from the tasks instead of
+  being lost.
+- A report that arrives while its root is being rebuilt is held back and
+  applied afterwards unless the collected contributions already include it
+  (reporter sequence numbers tell which).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from gridstream import rpc
+from gridstream.errors import StaleEpoch
+from gridstream.ring import HashRing
+from gridstream.routing import RoutingView
+from gridstream.tracking import TrackerRing, TrackingTable
+from gridstream.v1 import worker_pb2, worker_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+U64 = npt.NDArray[np.uint64]
+TICK_S = 0.1
+"""How often timeouts are checked and pending events and rebuilds retried."""
+HANDOFF_TIMEOUT_S = 2.0
+"""How long one tick waits for moved roots to reach their new trackers."""
+
+
+def pack(values: U64 | list[int]) -> bytes:
+    """Little-endian uint64s, the wire form of root ids and values."""
+    return np.asarray(values, dtype="<u8").tobytes()
+
+
+def unpack(data: bytes) -> U64:
+    """The inverse of :func:`pack`."""
+    return np.frombuffer(data, dtype="<u8").astype(np.uint64)
+
+
+@dataclass(frozen=True)
+class TrackerLayout:
+    """Which tracker holds a root and which worker hosts a tracker, at one epoch."""
+
+    count: int
+    ring: TrackerRing
+    hosts: tuple[str, ...]
+
+    @classmethod
+    def from_routing(cls, routing: RoutingView) -> TrackerLayout:
+        """The layout the routing table describes."""
+        table = routing.table
+        count = max(1, table.tracker_count or 1)
+        positions = max(1, table.tracker_virtual_positions or 64)
+        ring = TrackerRing([f"tracker-{k}" for k in range(count)], positions)
+        workers = HashRing(routing.workers, 100)
+        hosts = tuple(workers.owner(f"tracker/{k}") if routing.workers else ""
+                      for k in range(count))
+        return cls(count, ring, hosts)
+
+    def trackers_of(self, roots: U64) -> npt.NDArray[np.int64]:
+        """Tracker index of each root."""
+        return np.asarray(self.ring.owner_index(roots), dtype=np.int64)
+
+
+@dataclass
+class _Rebuild:
+    """Roots of one (job, tracker) being rebuilt, and reports held back meanwhile."""
+
+    roots: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
+    held: list[tuple[str, int, U64, U64]] = field(default_factory=list)
+    """(reporter, sequence, roots, values) that arrived during the rebuild."""
+
+
+class TrackerHost:
+    """The trackers this worker hosts, for every tracked job. Owned by the
+    worker; :meth:`run` is a task of the worker's TaskGroup."""
+
+    def __init__(self, node_id: str, routing: RoutingView, channels: rpc.ChannelPool) -> None:
+        self.node_id = node_id
+        self.routing = routing
+        self.channels = channels
+        self.tables: dict[tuple[str, int], TrackingTable] = {}
+        self.timeouts: dict[str, float] = {}
+        self._rebuilds: dict[tuple[str, int], _Rebuild] = {}
+        self._events: dict[str, list[U64]] = {}
+        """job -> completed roots not yet announced to every worker."""
+        self._recently_completed: deque[tuple[float, str, U64]] = deque()
+        self._handoffs: dict[str, list[U64]] = {}
+        """job -> roots this host stopped tracking (moved by a resize, or its
+        tracker went to another host) whose new trackers must rebuild them."""
+        self._forwarder = TrackingReporter(node_id, routing, channels, self)
+        self.completed = 0
+        self.failed = 0
+        self.rebuilt = 0
+
+    def layout(self) -> TrackerLayout:
+        """The current layout (cheap to rebuild; tables change rarely)."""
+        return TrackerLayout.from_routing(self.routing)
+
+    def _table(self, job_id: str, tracker: int) -> TrackingTable:
+        key = (job_id, tracker)
+        table = self.tables.get(key)
+        if table is None:
+            timeout = self.timeouts.get(job_id) or self.routing.table.tracking_timeout_s or 30.0
+            table = self.tables[key] = TrackingTable(timeout, now=time.monotonic())
+        return table
+
+    @property
+    def roots_held(self) -> int:
+        """In-flight roots over every hosted tracker (the tracked-roots metric)."""
+        return sum(len(t) for t in self.tables.values())
+
+    @property
+    def bytes_held(self) -> int:
+        """Bytes of every hosted tracking table."""
+        return sum(t.nbytes for t in self.tables.values())
+
+    # -- reports -------------------------------------------------------------
+
+    async def track(self, request: worker_pb2.TrackRequest) -> int:
+        """Applies one report (or a rebuild request); the roots held for the job."""
+        if request.epoch > self.routing.epoch:
+            await self.routing.refresh(at_least=request.epoch)
+        layout = self.layout()
+        roots, values = unpack(request.roots), unpack(request.values)
+        tracker = request.tracker
+        if (tracker >= layout.count or layout.hosts[tracker] != self.node_id
+                or (roots.size and bool(np.any(layout.trackers_of(roots) != tracker)))):
+            raise StaleEpoch(
+                f"stale epoch {self.routing.epoch}: tracker {tracker} of job {request.job_id} "
+                f"is not hosted here for these roots (host "
+                f"{layout.hosts[tracker] if tracker < layout.count else '-'}); refresh the "
+                "routing table and resend", self.routing.epoch)
+        key = (request.job_id, tracker)
+        if request.rebuild:
+            self._start_rebuild(key, {int(r) for r in roots}, failed=False)
+            return len(self._table(*key))
+        rebuild = self._rebuilds.get(key)
+        if rebuild is not None and rebuild.roots:
+            held = np.isin(roots, np.fromiter(rebuild.roots, dtype=np.uint64))
+            if held.any():
+                rebuild.held.append((request.reporter, request.sequence, roots[held],
+                                     values[held]))
+                roots, values = roots[~held], values[~held]
+        if roots.size:
+            done = self._table(*key).xor(roots, values)
+            self._completed(request.job_id, done)
+        return len(self._table(*key))
+
+    def _completed(self, job_id: str, roots: U64) -> None:
+        if roots.size:
+            self.completed += int(roots.size)
+            self._events.setdefault(job_id, []).append(roots)
+            self._recently_completed.append((time.monotonic(), job_id, roots))
+
+    def _start_rebuild(self, key: tuple[str, int], roots: set[int], failed: bool) -> None:
+        rebuild = self._rebuilds.setdefault(key, _Rebuild())
+        rebuild.roots |= roots
+        if failed:
+            rebuild.failed |= roots
+
+    # -- the background loop ---------------------------------------------------
+
+    async def run(self) -> None:
+        """Expires roots, rebuilds and announces, until cancelled."""
+        while True:
+            await asyncio.sleep(TICK_S)
+            try:
+                await self.tick(time.monotonic())
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("tracker tick failed; retrying")
+
+    async def tick(self, now: float) -> None:
+        """One round: drop roots that moved away, expire, rebuild, announce."""
+        layout = self.layout()
+        for (job_id, tracker), table in list(self.tables.items()):
+            if job_id not in self.routing.owners:
+                del self.tables[(job_id, tracker)]
+                self._rebuilds.pop((job_id, tracker), None)
+                continue
+            if tracker >= layout.count or layout.hosts[tracker] != self.node_id:
+                # The tracker moved away: its roots' new trackers rebuild them.
+                del self.tables[(job_id, tracker)]
+                rebuild = self._rebuilds.pop((job_id, tracker), None)
+                self._hand_off(job_id, table.pending_ids())
+                if rebuild is not None:
+                    self._hand_off(job_id, np.fromiter(rebuild.roots, dtype=np.uint64))
+                continue
+            pending = table.pending_ids()
+            if pending.size:
+                moved = layout.trackers_of(pending) != tracker
+                if moved.any():
+                    table.remove(pending[moved])
+                    self._hand_off(job_id, pending[moved])
+            failed = table.expire(now)
+            if failed.size:
+                self.failed += int(failed.size)
+                log.warning("job %s: %d roots on tracker %d timed out; rebuilding them and "
+                            "replaying what was lost", job_id, failed.size, tracker)
+                self._start_rebuild((job_id, tracker), {int(r) for r in failed}, failed=True)
+        while self._recently_completed and (
+            now - self._recently_completed[0][0] > 2 * max(self.timeouts.values() or [30.0])
+        ):
+            self._recently_completed.popleft()
+        for key in list(self._rebuilds):
+            await self._rebuild(key)
+        for job_id in list(self._events):
+            await self._announce(job_id)
+        for job_id in list(self._handoffs):
+            await self._send_handoffs(job_id)
+
+    def _hand_off(self, job_id: str, roots: U64) -> None:
+        if roots.size:
+            self._handoffs.setdefault(job_id, []).append(roots)
+
+    async def _send_handoffs(self, job_id: str) -> None:
+        """Asks the new trackers of roots this host dropped to rebuild them.
+        The roots' source tasks ask too when they see the move, but a task
+        whose worker skipped the epoch in between does not see it, so the
+        host that lets go of a root is the one that must not forget it.
+        Rebuild requests are idempotent: resending after a timeout is safe."""
+        parts = self._handoffs.pop(job_id, [])
+        if not parts or job_id not in self.routing.owners:
+            return
+        roots = np.unique(np.concatenate(parts))
+        try:
+            await asyncio.wait_for(self._forwarder.rebuild(job_id, roots.tolist()),
+                                   HANDOFF_TIMEOUT_S)
+        except TimeoutError:
+            self._handoffs.setdefault(job_id, []).append(roots)
+            log.info("job %s: handing %d roots to their new trackers timed out; retrying",
+                     job_id, roots.size)
+
+    def _workers(self) -> dict[str, str]:
+        return {w: self.routing.addresses[w] for w in self.routing.workers
+                if w in self.routing.addresses}
+
+    async def _announce(self, job_id: str) -> None:
+        """Tells every worker which roots completed; kept until all have heard."""
+        batches = self._events.pop(job_id, None)
+        if not batches:
+            return
+        completed = np.concatenate(batches)
+        request = worker_pb2.TrackingEventsRequest(job_id=job_id, completed=pack(completed))
+        answers = await self._broadcast(request)
+        if not all(a is not None for a in answers.values()):
+            # Completions that arrived meanwhile were queued afresh; keep both.
+            self._events.setdefault(job_id, []).insert(0, completed)
+
+    async def _broadcast(self, request: worker_pb2.TrackingEventsRequest
+                         ) -> dict[str, worker_pb2.TrackingEventsResponse | None]:
+        workers = self._workers()
+
+        async def ask(address: str) -> worker_pb2.TrackingEventsResponse | None:
+            stub = worker_pb2_grpc.WorkerStub(self.channels.get(address))
+            try:
+                response: worker_pb2.TrackingEventsResponse = await stub.TrackingEvents(
+                    request, timeout=rpc.CONTROL_TIMEOUT_S)
+                return response
+            except grpc.aio.AioRpcError as exc:
+                log.debug("tracking events to %s failed: %s", address, exc.code().name)
+                return None
+
+        names = sorted(workers)
+        results = await asyncio.gather(*(ask(workers[n]) for n in names))
+        return dict(zip(names, results, strict=True))
+
+    async def _rebuild(self, key: tuple[str, int]) -> None:
+        """Computes the roots' checkValues again from every worker's tasks."""
+        rebuild = self._rebuilds[key]
+        job_id, tracker = key
+        roots = np.fromiter(sorted(rebuild.roots), dtype=np.uint64)
+        failed = np.fromiter(sorted(rebuild.failed), dtype=np.uint64)
+        answers = await self._broadcast(worker_pb2.TrackingEventsRequest(
+            job_id=job_id, collect=pack(roots), failed=pack(failed), epoch=self.routing.epoch))
+        if any(a is None or not a.complete for a in answers.values()):
+            return  # a worker is unreachable or still restoring: retry next tick
+        # The tasks have been told; their lost batches are appended again.
+        rebuild.failed -= {int(r) for r in failed}
+        values = {int(r): 0 for r in roots}
+        through: dict[str, int] = {}
+        source_pending: set[int] = set()
+        for answer in answers.values():
+            assert answer is not None
+            pairs = unpack(answer.contributions).reshape(-1, 2).tolist()
+            for root, value in pairs:
+                values[root] = values.get(root, 0) ^ value
+            through.update(answer.reported_through)
+            source_pending |= {int(r) for r in unpack(answer.source_pending)}
+        # Roots added to the rebuild while the workers answered wait for the
+        # next round, with the reports held for them.
+        still_held = []
+        for reporter, sequence, held_roots, held_values in rebuild.held:
+            ours = np.isin(held_roots, roots)
+            if sequence > through.get(reporter, 0):
+                for root, value in zip(held_roots[ours].tolist(), held_values[ours].tolist(),
+                                       strict=True):
+                    values[root] = values.get(root, 0) ^ value
+            if not ours.all():
+                still_held.append((reporter, sequence, held_roots[~ours], held_values[~ours]))
+        rebuild.held = still_held
+        rebuild.roots -= {int(r) for r in roots}
+        if not rebuild.roots:
+            self._rebuilds.pop(key, None)
+        table = self._table(job_id, tracker)
+        table.remove(roots)
+        recent = self._recent(job_id)
+        finished = [r for r in values
+                    if r not in source_pending or (recent.size and bool(np.isin(r, recent)))]
+        for root in finished:
+            values.pop(root)
+        if values:
+            ids = np.fromiter(values, dtype=np.uint64, count=len(values))
+            vals = np.fromiter(values.values(), dtype=np.uint64, count=len(values))
+            self._completed(job_id, table.xor(ids, vals))
+        if finished:
+            self._completed(job_id, np.asarray(finished, dtype=np.uint64))
+        self.rebuilt += len(roots)
+        log.info("job %s tracker %d: rebuilt %d roots (%d finished)", job_id, tracker,
+                 len(roots), len(finished))
+
+    def _recent(self, job_id: str) -> U64:
+        parts = [roots for _, job, roots in self._recently_completed if job == job_id]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+
+
+class TrackingReporter:
+    """Sends a worker's task reports to the trackers that hold their roots,
+    splitting each report by tracker; a part refused by a worker that no
+    longer hosts its tracker is routed again, and only that part is resent."""
+
+    def __init__(self, node_id: str, routing: RoutingView, channels: rpc.ChannelPool,
+                 host: TrackerHost) -> None:
+        self.node_id = node_id
+        self.routing = routing
+        self.channels = channels
+        self.host = host
+
+    async def report(self, job_id: str, reporter: str, sequence: int, roots: list[int],
+                     values: list[int]) -> None:
+        """XORs ``values`` into ``roots``; returns once every tracker applied its part."""
+        await self._send(job_id, np.asarray(roots, dtype=np.uint64),
+                         np.asarray(values, dtype=np.uint64), reporter, sequence, rebuild=False)
+
+    async def rebuild(self, job_id: str, roots: list[int]) -> None:
+        """Asks the roots' trackers to rebuild them from the tasks' contributions."""
+        ids = np.asarray(roots, dtype=np.uint64)
+        await self._send(job_id, ids, np.zeros_like(ids), "", 0, rebuild=True)
+
+    async def _send(self, job_id: str, roots: U64, values: U64, reporter: str, sequence: int,
+                    rebuild: bool) -> None:
+        remaining = np.ones(roots.size, dtype=bool)
+        delay = 0.02
+        while remaining.any():
+            layout = TrackerLayout.from_routing(self.routing)
+            trackers = layout.trackers_of(roots)
+            for tracker in np.unique(trackers[remaining]).tolist():
+                part = remaining & (trackers == tracker)
+                request = worker_pb2.TrackRequest(
+                    job_id=job_id, tracker=tracker, epoch=self.routing.epoch,
+                    roots=pack(roots[part]), values=pack(values[part]), rebuild=rebuild,
+                    reporter=reporter, sequence=sequence)
+                if await self._deliver(layout.hosts[tracker], request):
+                    remaining &= ~part
+            if remaining.any():
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+                await self.routing.refresh()
+
+    async def _deliver(self, host: str, request: worker_pb2.TrackRequest) -> bool:
+        """True once the hosting worker applied the request."""
+        try:
+            if host == self.node_id:
+                await self.host.track(request)
+                return True
+            address = self.routing.addresses.get(host)
+            if address is None:
+                return False
+            await worker_pb2_grpc.WorkerStub(self.channels.get(address)).Track(
+                request, timeout=rpc.CONTROL_TIMEOUT_S)
+            return True
+        except StaleEpoch:
+            return False
+        except grpc.aio.AioRpcError as exc:
+            log.debug("tracking report to %s failed: %s", host, exc.code().name)
+            return False

@@ -1,0 +1,138 @@
+"""One task's side of tuple tracking: registration, contributions, what a
+rebuild collects, lost batches and the retained-input bound."""
+
+from __future__ import annotations
+
+from services.worker.tracking import TaskTracking, is_replay, original_channel
+
+ROOT = 0xA1
+CHILD_1, CHILD_2 = 0xB1, 0xB2
+
+
+def tree_total(*tasks: TaskTracking) -> dict[int, int]:
+    """What a rebuild computes: the XOR of every task's contributions."""
+    out: dict[int, int] = {}
+    for task in tasks:
+        for root, value in task.contributions({ROOT}).items():
+            out[root] = out.get(root, 0) ^ value
+    return out
+
+
+def test_a_source_registers_each_root_once() -> None:
+    source = TaskTracking(is_source=True)
+    source.retain(0, ROOT)
+    source.retain(5, ROOT)  # a replay of the same root's batch
+    assert source.registrations() == [ROOT]
+    source.mark_registered([ROOT])
+    assert source.registrations() == []
+    assert source.contributions({ROOT}) == {ROOT: ROOT}
+
+
+def test_downstream_tasks_do_not_register() -> None:
+    sink = TaskTracking(is_source=False)
+    sink.retain(0, ROOT)
+    assert sink.registrations() == []
+
+
+def test_contributions_of_a_whole_tree_cancel_out() -> None:
+    source, sink = TaskTracking(is_source=True), TaskTracking(is_source=False)
+    source.retain(0, ROOT)
+    source.mark_registered([ROOT])
+    source.processed(0, ROOT, [CHILD_1, CHILD_2])
+    sink.retain(0, ROOT)
+    sink.retain(1, ROOT)
+    sink.processed(0, CHILD_1, [])
+    sink.processed(1, CHILD_2, [])
+    for task in (source, sink):
+        task.mark_reported([o for o, _, _ in task.reportable(durable_offset=10)])
+    assert tree_total(source, sink) == {ROOT: 0}
+    # Without one child's report the tree is not complete.
+    sink.reported.pop(1)
+    assert tree_total(source, sink) == {ROOT: CHILD_2}
+
+
+def test_only_batches_below_the_durable_offset_are_reported() -> None:
+    task = TaskTracking(is_source=False)
+    for offset in range(3):
+        task.retain(offset, ROOT)
+        task.processed(offset, 100 + offset, [])
+    assert [o for o, _, _ in task.reportable(durable_offset=2)] == [0, 1]
+    task.mark_reported([0, 1])
+    # A rebuild counts reported contributions only: unreported ones come later.
+    assert task.contributions({ROOT}) == {ROOT: 100 ^ 101}
+
+
+def test_a_batch_passed_without_processing_is_lost_and_only_it() -> None:
+    task = TaskTracking(is_source=False)
+    for offset in range(4):
+        task.retain(offset, ROOT)
+    task.processed(0, 1, [])
+    task.processed(2, 3, [])
+    task.mark_reported([0])
+    # Offset 1 was taken and lost; offset 3 is still queued (not consumed).
+    assert task.lost([ROOT], consumed=3) == [1]
+
+
+def test_a_duplicate_batch_is_processed_but_reported_once() -> None:
+    # at_least_once: after a recovery a container may hold a batch twice.
+    sink = TaskTracking(is_source=False)
+    sink.retain(0, ROOT)
+    sink.retain(1, ROOT)
+    sink.processed(0, CHILD_1, [])
+    sink.processed(1, CHILD_1, [])
+    assert [v for _, _, v in sink.reportable(durable_offset=2)] == [CHILD_1, 0]
+    assert sink.lost([ROOT], consumed=2) == []
+
+
+def test_completed_roots_release_their_retained_batches() -> None:
+    task = TaskTracking(is_source=True)
+    task.retain(0, ROOT)
+    task.retain(1, 0xA2)
+    assert task.keep_from() == 0
+    assert task.finished([ROOT]) == 1
+    assert task.keep_from() == 1
+    assert task.figures.roots_finished == 1
+    assert task.roots_pending == 1
+
+
+def test_a_report_acknowledged_after_completion_is_not_kept() -> None:
+    task = TaskTracking(is_source=False)
+    task.retain(0, ROOT)
+    task.processed(0, 7, [])
+    task.finished([ROOT])
+    task.mark_reported([0])
+    assert task.reported == {}
+
+
+def test_restore_counts_snapshot_contributions_as_reported_and_asks_a_rebuild() -> None:
+    before = TaskTracking(is_source=True)
+    for offset in range(3):
+        before.retain(offset, ROOT)
+        before.processed(offset, 10 + offset, [20 + offset])
+    saved = before.snapshot()
+    after = TaskTracking(is_source=True)
+    for offset in range(3):
+        after.retain(offset, ROOT)
+    after.restore(saved, snapshot_offset=2)
+    assert sorted(after.reported) == [0, 1]  # offset 2 runs again after the restart
+    assert after.contributed == {ROOT: {10, 11}}
+    # Whether registrations reached the tracker is unknown: they count as sent,
+    # and the restarted task asks for a rebuild, which counts them.
+    assert after.registrations() == []
+    assert after.reported_roots() == {ROOT}
+
+
+def test_overdue_roots_are_asked_for_once_per_period() -> None:
+    task = TaskTracking(is_source=True)
+    task.retain(0, ROOT)
+    start = task.since[ROOT]
+    assert task.overdue(start + 1.0, timeout_s=1.0) == set()
+    assert task.overdue(start + 2.5, timeout_s=1.0) == {ROOT}
+    assert task.overdue(start + 3.0, timeout_s=1.0) == set()
+    assert TaskTracking(is_source=False).overdue(start + 99, timeout_s=1.0) == set()
+
+
+def test_replay_channels_name_their_original() -> None:
+    assert is_replay("replay/t0/p3")
+    assert original_channel("replay/t0/p3") == "t0/p3"
+    assert original_channel("t0/p3") == "t0/p3"
