@@ -210,6 +210,7 @@ class WorkerNode:
         collect = {int(r) for r in unpack(request.collect)}
         complete = True
         owners = self.routing.owners.get(request.job_id, [])
+        epoch = self.routing.epoch
         for partition, owner in enumerate(owners):
             if owner != self.node_id:
                 continue
@@ -220,7 +221,9 @@ class WorkerNode:
         contributions: dict[int, int] = {}
         through: dict[str, int] = {}
         sources: set[int] = set()
-        for runner in list(runtime.runners.values()):
+        for (_, partition), runner in list(runtime.runners.items()):
+            if partition >= len(owners) or owners[partition] != self.node_id:
+                continue  # a task about to stop: its successor answers for it
             if not runner.ready.is_set():
                 complete = False
                 continue
@@ -232,7 +235,7 @@ class WorkerNode:
         pairs = [x for root, value in contributions.items() for x in (root, value)]
         return worker_pb2.TrackingEventsResponse(
             contributions=pack(pairs), complete=complete, reported_through=through,
-            source_pending=pack(sorted(sources)))
+            source_pending=pack(sorted(sources)), epoch=epoch)
 
     async def _stop_task(self, runtime: JobRuntime, key: tuple[int, int]) -> None:
         """Stops a task whose partition moved away; its container stays readable

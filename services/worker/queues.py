@@ -128,8 +128,16 @@ class JobContainer:
         """Highest sequence per channel among committed batches only: what a
         new owner may treat as already received. Uncommitted batches were never
         acknowledged, so their senders will send them again."""
+        return self.sequences_below(self._committed)
+
+    def sequences_below(self, offset: int) -> dict[str, int]:
+        """Highest sequence per channel among the batches below ``offset``. A
+        window snapshot records these for its offset: a batch appended after
+        it may never be committed (then its sender sends it again, and a new
+        owner must not take it for a duplicate), and a committed one is in
+        the log copies the new owner replays from."""
         sequences = dict(self._last_sequence)
-        for entry in reversed(self.entries(self._committed, self._next_offset)):
+        for entry in reversed(self.entries(offset, self._next_offset)):
             if entry.previous_sequence:
                 sequences[entry.channel] = entry.previous_sequence
             else:

@@ -336,7 +336,7 @@ class TaskRunner:
             "window": self.window.window,
             "offset": offset,
             "out_sequences": dict(self.shuffle.sequences) if self.shuffle else {},
-            "in_sequences": self.container.sequences(),
+            "in_sequences": self.container.sequences_below(offset),
             "state": self.chain.snapshot_state(),
             "functions": list(self.latest.functions),
             "batches": self.window.batches,
@@ -441,7 +441,7 @@ class TaskRunner:
                     if ready or registrations:
                         tracking.sequence += 1
                         await reporter.report(
-                            self.job_id, self.reporter_id, tracking.sequence,
+                            self.job_id, self.partition, self.reporter_id, tracking.sequence,
                             registrations + [r for _, r, _ in ready],
                             registrations + [v for _, _, v in ready])
                         tracking.mark_registered(registrations)

@@ -155,6 +155,13 @@ class TrackerHost:
                 f"is not hosted here for these roots (host "
                 f"{layout.hosts[tracker] if tracker < layout.count else '-'}); refresh the "
                 "routing table and resend", self.routing.epoch)
+        owners = self.routing.owners.get(request.job_id, [])
+        if (not request.rebuild and request.node_id and request.partition < len(owners)
+                and owners[request.partition] != request.node_id):
+            raise StaleEpoch(
+                f"stale epoch {self.routing.epoch}: {request.node_id} no longer owns partition "
+                f"{request.partition} of job {request.job_id} (its new owner "
+                f"{owners[request.partition]} reports for it)", self.routing.epoch)
         key = (request.job_id, tracker)
         if request.rebuild:
             self._start_rebuild(key, {int(r) for r in roots}, failed=False)
@@ -301,6 +308,12 @@ class TrackerHost:
             job_id=job_id, collect=pack(roots), failed=pack(failed), epoch=self.routing.epoch))
         if any(a is None or not a.complete for a in answers.values()):
             return  # a worker is unreachable or still restoring: retry next tick
+        epochs = {a.epoch for a in answers.values() if a is not None}
+        if epochs and (len(epochs) > 1 or max(epochs) != self.routing.epoch):
+            # Answers from different epochs may count a partition twice (its
+            # old and new owner) or not at all: catch up and ask again.
+            await self.routing.refresh(at_least=max(epochs))
+            return
         # The tasks have been told; their lost batches are appended again.
         rebuild.failed -= {int(r) for r in failed}
         values = {int(r): 0 for r in roots}
@@ -318,7 +331,11 @@ class TrackerHost:
         still_held = []
         for reporter, sequence, held_roots, held_values in rebuild.held:
             ours = np.isin(held_roots, roots)
-            if sequence > through.get(reporter, 0):
+            # Only a task that answered (it owns its partition at the round's
+            # epoch) can have sent a report after its answer; a report from
+            # any other task is its predecessor's, and the successor's answer
+            # already counts it.
+            if reporter in through and sequence > through[reporter]:
                 for root, value in zip(held_roots[ours].tolist(), held_values[ours].tolist(),
                                        strict=True):
                     values[root] = values.get(root, 0) ^ value
@@ -362,11 +379,14 @@ class TrackingReporter:
         self.channels = channels
         self.host = host
 
-    async def report(self, job_id: str, reporter: str, sequence: int, roots: list[int],
-                     values: list[int]) -> None:
-        """XORs ``values`` into ``roots``; returns once every tracker applied its part."""
+    async def report(self, job_id: str, partition: int, reporter: str, sequence: int,
+                     roots: list[int], values: list[int]) -> None:
+        """XORs ``values`` into ``roots`` for the task of ``partition`` here;
+        returns once every tracker applied its part. Raises StaleEpoch once
+        this worker no longer owns the partition (its successor reports)."""
         await self._send(job_id, np.asarray(roots, dtype=np.uint64),
-                         np.asarray(values, dtype=np.uint64), reporter, sequence, rebuild=False)
+                         np.asarray(values, dtype=np.uint64), reporter, sequence,
+                         rebuild=False, partition=partition)
 
     async def rebuild(self, job_id: str, roots: list[int]) -> None:
         """Asks the roots' trackers to rebuild them from the tasks' contributions."""
@@ -374,10 +394,15 @@ class TrackingReporter:
         await self._send(job_id, ids, np.zeros_like(ids), "", 0, rebuild=True)
 
     async def _send(self, job_id: str, roots: U64, values: U64, reporter: str, sequence: int,
-                    rebuild: bool) -> None:
+                    rebuild: bool, partition: int = 0) -> None:
         remaining = np.ones(roots.size, dtype=bool)
         delay = 0.02
         while remaining.any():
+            owners = self.routing.owners.get(job_id, [])
+            if not rebuild and partition < len(owners) and owners[partition] != self.node_id:
+                raise StaleEpoch(f"{self.node_id} no longer owns partition {partition} of job "
+                                 f"{job_id}; its reports are its successor's to send",
+                                 self.routing.epoch)
             layout = TrackerLayout.from_routing(self.routing)
             trackers = layout.trackers_of(roots)
             for tracker in np.unique(trackers[remaining]).tolist():
@@ -385,7 +410,8 @@ class TrackingReporter:
                 request = worker_pb2.TrackRequest(
                     job_id=job_id, tracker=tracker, epoch=self.routing.epoch,
                     roots=pack(roots[part]), values=pack(values[part]), rebuild=rebuild,
-                    reporter=reporter, sequence=sequence)
+                    reporter=reporter, sequence=sequence, partition=partition,
+                    node_id="" if rebuild else self.node_id)
                 if await self._deliver(layout.hosts[tracker], request):
                     remaining &= ~part
             if remaining.any():

@@ -49,7 +49,7 @@ async def lost_batch_run(tmp_path: Path, drop: str, words: int, seed: int, batch
     the reference. (Word count, because a replayed batch is processed after
     batches that came in later: an order-sensitive operator would see that.)"""
     lines = wordcount.generate(words, seed=seed)
-    spec = replace(wordcount.job(), tracking_timeout_s=2.0)
+    spec = replace(wordcount.job(), tracking_timeout_s=3.0)
     env = {"GRIDSTREAM_FAULT_DROP_BATCH": drop}
     async with (LocalCluster(tmp_path, small_windows(), extra_env=env) as cluster,
                 Client(cluster.scheduler_address, batch_size=batch) as client):
@@ -66,7 +66,9 @@ async def test_a_lost_batch_times_out_and_only_its_stage_runs_again(tmp_path: Pa
     progress, lines = await lost_batch_run(tmp_path, f"{tracker_host(0)}:1:3", 40_000, 11)
     words = sum(len(line.split()) for line in lines)
     replayed = by_task(progress, "records_replayed")
-    assert by_task(progress, "roots_failed")[0] == 1  # its root timed out at its tracker
+    # Its root timed out at its tracker (on a loaded machine a slow root may
+    # time out too: it is rebuilt, and nothing of it runs again).
+    assert by_task(progress, "roots_failed")[0] >= 1
     assert by_task(progress, "batches_replayed") == {0: 0, 1: 1}  # only that stage ran it again
     assert 0 < replayed[1] < words
     # Splitting ran once per line: nothing upstream of the loss ran again.

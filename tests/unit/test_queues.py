@@ -106,3 +106,29 @@ async def test_committed_sequences_leave_out_unacknowledged_batches() -> None:
     await q.append("src/c", 1, None, [4])
     assert q.sequences() == {"src/a": 2, "src/b": 1, "src/c": 1}
     assert q.committed_sequences() == {"src/a": 1, "src/b": 1}
+
+
+async def test_a_snapshot_records_only_the_sequences_below_its_offset() -> None:
+    # A window closing while a later batch waits for its backups must not
+    # record that batch's sequence: if it is never committed its sender sends
+    # it again, and a new owner restoring the snapshot must accept it.
+    q = JobContainer("j/t0/p0", max_records=100)
+    await q.append("src/a", 1, None, [1])
+    await q.append("src/b", 1, None, [2])
+    await q.commit_through(2)
+    await q.append("src/a", 2, None, [3])
+    await q.append("src/c", 1, None, [4])
+    assert q.sequences_below(2) == {"src/a": 1, "src/b": 1}
+    assert q.sequences_below(1) == {"src/a": 1}
+    assert q.sequences_below(4) == q.sequences()
+
+
+async def test_take_returns_none_when_interrupted() -> None:
+    q = JobContainer("j/t0/p0", max_records=100)
+    interrupted = False
+    taker = asyncio.create_task(q.take(0, lambda: interrupted))
+    await asyncio.sleep(0.01)
+    assert not taker.done()
+    interrupted = True
+    await q.poke()
+    assert await asyncio.wait_for(taker, 1) is None
