@@ -25,6 +25,7 @@ on the worker ring. Each hosted tracker keeps, per job, a compact
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import deque
@@ -70,19 +71,24 @@ class TrackerLayout:
 
     @classmethod
     def from_routing(cls, routing: RoutingView) -> TrackerLayout:
-        """The layout the routing table describes."""
+        """The layout the routing table describes (built once per distinct
+        table: every report and every tick asks for it)."""
         table = routing.table
         count = max(1, table.tracker_count or 1)
         positions = max(1, table.tracker_virtual_positions or 64)
-        ring = TrackerRing([f"tracker-{k}" for k in range(count)], positions)
-        workers = HashRing(routing.workers, 100)
-        hosts = tuple(workers.owner(f"tracker/{k}") if routing.workers else ""
-                      for k in range(count))
-        return cls(count, ring, hosts)
+        return _layout(count, positions, tuple(routing.workers))
 
     def trackers_of(self, roots: U64) -> npt.NDArray[np.int64]:
         """Tracker index of each root."""
         return np.asarray(self.ring.owner_index(roots), dtype=np.int64)
+
+
+@functools.lru_cache(maxsize=16)
+def _layout(count: int, positions: int, workers: tuple[str, ...]) -> TrackerLayout:
+    ring = TrackerRing([f"tracker-{k}" for k in range(count)], positions)
+    worker_ring = HashRing(workers, 100)
+    hosts = tuple(worker_ring.owner(f"tracker/{k}") if workers else "" for k in range(count))
+    return TrackerLayout(count, ring, hosts)
 
 
 @dataclass
