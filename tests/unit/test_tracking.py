@@ -30,6 +30,15 @@ def ids_set(ids: U64) -> set[int]:
     return {int(i) for i in ids}
 
 
+def shuffled_forest(rng: np.random.Generator, trees: int) -> tuple[U64, U64, Any]:
+    """The reports of ``trees`` random trees (depth 3, fan-out up to 3), and a
+    random order to apply them in."""
+    reports = [tree_reports(random_tree(rng, 3, 3)) for _ in range(trees)]
+    roots = np.concatenate([r for r, _ in reports])
+    values = np.concatenate([v for _, v in reports])
+    return roots, values, rng.permutation(values.size)
+
+
 def state(tracker: TrackingTable | NaiveTracker) -> dict[int, int]:
     ids, values = tracker.items()
     return dict(zip(ids.tolist(), values.tolist(), strict=True))
@@ -77,10 +86,7 @@ def test_interleaved_trees_complete_in_the_batch_of_their_last_report(
     seed: int, trees: int, batches: int
 ) -> None:
     rng = np.random.default_rng(seed)
-    reports = [tree_reports(random_tree(rng, 3, 3)) for _ in range(trees)]
-    roots = np.concatenate([r for r, _ in reports])
-    values = np.concatenate([v for _, v in reports])
-    order = rng.permutation(values.size)
+    roots, values, order = shuffled_forest(rng, trees)
     cuts = np.sort(rng.integers(0, values.size + 1, size=batches - 1))
     split = np.split(order, cuts)
     last_batch: dict[int, int] = {}
@@ -317,10 +323,7 @@ def test_export_then_import_moves_records_without_losing_a_bit(
     seed: int, trees: int, n: int
 ) -> None:
     rng = np.random.default_rng(seed)
-    reports = [tree_reports(random_tree(rng, 3, 3)) for _ in range(trees)]
-    roots = np.concatenate([r for r, _ in reports])
-    values = np.concatenate([v for _, v in reports])
-    order = rng.permutation(values.size)
+    roots, values, order = shuffled_forest(rng, trees)
     first, rest = np.split(order, [order.size // 2])
     old = TrackerRing(trackers(n), 16)
     new = old.with_trackers([*trackers(n), "tracker-new"])
@@ -338,5 +341,5 @@ def test_export_then_import_moves_records_without_losing_a_bit(
     owner = new.owner_index(roots[rest]) == n
     done = ids_set(target.xor(roots[rest][owner], values[rest][owner]))
     done |= ids_set(source.xor(roots[rest][~owner], values[rest][~owner]))
-    assert done | before_done == {int(r[0]) for r, _ in reports}
+    assert done | before_done == ids_set(roots)
     assert len(source) == len(target) == 0
