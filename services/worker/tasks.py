@@ -48,10 +48,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-IDLE_CLOSE_S = 0.05
-"""A task whose queue ran empty closes its window at most this often, so the
-trees of its last batches complete without waiting for the flush timer."""
-
 FetchedLog = tuple[int, dict[str, int], list[Entry]]  # (base, sequences, entries)
 FetchLog = Callable[[tuple[str, int, int]], Awaitable[FetchedLog | None]]
 
@@ -265,7 +261,9 @@ class TaskRunner:
             channel, sequence, keys, values, timeout_s, batch, root
         )
         if accepted and self.tracking is not None:
-            self.tracking.retain(offset, root)  # registered by the next report or timer tick
+            self.tracking.retain(offset, root)
+            if self.tracking.unregistered:
+                self._report_wake.set()
         if self.replicator is None:
             await self.container.commit_through(self.container.next_offset)
         elif accepted:
@@ -323,12 +321,6 @@ class TaskRunner:
                 self._dead.extend(dead)
             if self.window.records >= self.window_size or self._close_requested:
                 self._close_requested = False
-                self._close_window()
-            elif (container.pending_batches == 0 and self.tracking is not None
-                  and self.tracking.unreported
-                  and time.monotonic() - self._last_close >= IDLE_CLOSE_S):
-                # Idle with trees waiting for a durable window: close it now
-                # rather than at the flush timer, so trees complete promptly.
                 self._close_window()
             elif container.pending_batches == 0 and (self._rows or self._dead):
                 self._flush()
@@ -418,8 +410,6 @@ class TaskRunner:
                     and time.monotonic() - self._last_close >= self.tracking_flush_s):
                 self._close_requested = True
                 await self.container.poke()
-            if self.tracking.unregistered:
-                self._report_wake.set()
             self.request_rebuild(self.tracking.overdue(time.monotonic(), self.tracking_timeout_s()))
 
     def tracking_timeout_s(self) -> float:
