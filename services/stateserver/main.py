@@ -31,8 +31,9 @@ from gridstream.service import (
 )
 from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc, stateserver_pb2_grpc
 from services.stateserver.directory import JobDirectory
+from services.stateserver.layout import StoreStats
 from services.stateserver.server import StateServerServicer
-from services.stateserver.store import SnapshotStore, StoreStats
+from services.stateserver.store import SnapshotStore
 from services.stateserver.sync import ReplicaSync
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from typing import Any
 
 from gridstream.codec import pack, unpack
 from gridstream.errors import InvalidArgument
-from services.stateserver.store import DeadLetter, ResultRow
+from services.stateserver.layout import DeadLetter, ResultRow
 
 _ROW_FIELDS = ("key", "json_value")
 _DEAD_LETTER_FIELDS = ("dead_letter_id", "stage", "record", "error")

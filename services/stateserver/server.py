@@ -19,8 +19,9 @@ from gridstream.rpc import servicer_method
 from gridstream.v1 import stateserver_pb2 as pb
 from gridstream.v1 import stateserver_pb2_grpc
 from services.stateserver.directory import JobDirectory
+from services.stateserver.layout import SnapshotMeta
 from services.stateserver.rows import decode_dead_letters, decode_rows, encode_entries
-from services.stateserver.store import DEFAULT_CHUNK_ROWS, SnapshotMeta, SnapshotStore
+from services.stateserver.store import DEFAULT_CHUNK_ROWS, SnapshotStore
 
 log = logging.getLogger(__name__)
 

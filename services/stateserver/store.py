@@ -16,34 +16,32 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import aiosqlite
 
-from gridstream.errors import DataLoss, InvalidArgument, StaleEpoch, Unavailable
+from gridstream.errors import InvalidArgument, StaleEpoch, Unavailable
 from gridstream.ids import checksum
 from services.stateserver.groupcommit import GroupCommitter
+from services.stateserver.layout import (
+    META_COLUMNS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    DeadLetter,
+    OperatorHoldings,
+    ResultRow,
+    Snapshot,
+    SnapshotCorrupted,
+    SnapshotMeta,
+    StoreStats,
+    VersionedDeadLetter,
+    VersionedRow,
+    meta_from_row,
+)
 
 log = logging.getLogger(__name__)
-
-ResultRow = tuple[str, str]
-"""(key, JSON text of the value)."""
-
-VersionedRow = tuple[str, str, int]
-"""(key, JSON text of the value, version of the write that stored it)."""
-
-DeadLetter = tuple[str, str, str, str]
-"""(dead-letter id, stage, record text, error text)."""
-
-VersionedDeadLetter = tuple[str, str, str, str, int]
-"""A dead letter and the version of the write that stored it."""
-
-SCHEMA_VERSION = 2
-"""``PRAGMA user_version`` of the current layout; an older file is refused
-with advice instead of being misread."""
 
 DEFAULT_CHUNK_ROWS = 5_000
 """Rows per chunk of :meth:`SnapshotStore.read_results`; also the most a
@@ -60,111 +58,11 @@ _THREAD_CHECKSUM_BYTES = 256 * 1024
 """Payloads at least this big are hashed in a thread (hashlib releases the GIL),
 so a 48 MiB snapshot does not stall the event loop for ~50 ms."""
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS snapshots (
-    job_id      TEXT    NOT NULL,
-    operator_id TEXT    NOT NULL,
-    "window"    INTEGER NOT NULL,
-    epoch       INTEGER NOT NULL,
-    size        INTEGER NOT NULL,
-    checksum    TEXT    NOT NULL,
-    payload     BLOB    NOT NULL,
-    PRIMARY KEY (job_id, operator_id, "window")
-);
-CREATE TABLE IF NOT EXISTS results (
-    job_id      TEXT    NOT NULL,
-    key         TEXT    NOT NULL,
-    value       TEXT    NOT NULL,
-    operator_id TEXT    NOT NULL,
-    version     INTEGER NOT NULL,
-    PRIMARY KEY (job_id, key)
-);
-CREATE INDEX IF NOT EXISTS results_by_operator ON results (job_id, operator_id, version);
-CREATE TABLE IF NOT EXISTS dead_letters (
-    job_id      TEXT    NOT NULL,
-    id          TEXT    NOT NULL,
-    stage       TEXT    NOT NULL,
-    record      TEXT    NOT NULL,
-    error       TEXT    NOT NULL,
-    operator_id TEXT    NOT NULL,
-    version     INTEGER NOT NULL,
-    PRIMARY KEY (job_id, id)
-);
-CREATE INDEX IF NOT EXISTS dead_letters_by_operator
-    ON dead_letters (job_id, operator_id, version);
-CREATE TABLE IF NOT EXISTS operators (
-    job_id          TEXT    NOT NULL,
-    operator_id     TEXT    NOT NULL,
-    epoch           INTEGER NOT NULL,
-    results_version INTEGER NOT NULL,
-    PRIMARY KEY (job_id, operator_id)
-);
-"""
-
-_META_COLUMNS = 'job_id, operator_id, "window", epoch, size, checksum'
-
-
-class SnapshotCorrupted(DataLoss):
-    """A stored snapshot no longer matches its checksum; it is never handed out."""
-
-
-@dataclass(frozen=True, slots=True)
-class SnapshotMeta:
-    """What identifies and guards one window snapshot (mirrors the proto message)."""
-
-    job_id: str
-    operator_id: str
-    window: int
-    epoch: int
-    size: int
-    checksum: str
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """A window snapshot whose payload matched its checksum when read."""
-
-    meta: SnapshotMeta
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class OperatorHoldings:
-    """What this store holds of one operator; replicas compare these to catch up."""
-
-    job_id: str
-    operator_id: str
-    latest_window: int | None
-    """Newest window snapshot held, None when none."""
-    results_version: int
-    """Highest version of the operator's result writes held (0: none)."""
-    epoch: int
-    """The fence: highest writer epoch accepted for the operator."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoreStats:
-    """Figures for status displays and leak checks (snapshot count must stay flat)."""
-
-    snapshots: int
-    snapshot_bytes: int
-    commits: int
-    writes: int
-
-
 async def _checksum(payload: bytes) -> str:
     """:func:`gridstream.ids.checksum`, off the event loop for big payloads."""
     if len(payload) >= _THREAD_CHECKSUM_BYTES:
         return await asyncio.to_thread(checksum, payload)
     return checksum(payload)
-
-
-def _meta(row: Any) -> SnapshotMeta:
-    """A SnapshotMeta from a row of ``_META_COLUMNS``."""
-    return SnapshotMeta(
-        job_id=row[0], operator_id=row[1], window=row[2], epoch=row[3], size=row[4],
-        checksum=row[5],
-    )
 
 
 def _byte_chunks(rows: list[Any], max_bytes: int) -> list[list[Any]]:
@@ -217,7 +115,7 @@ class SnapshotStore:
             await writer.execute("PRAGMA synchronous=NORMAL")
             await writer.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             await self._check_schema(writer)
-            await writer.executescript(_SCHEMA)
+            await writer.executescript(SCHEMA)
             await writer.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             self._fences = {
                 (row[0], row[1]): (int(row[2]), int(row[3]))
@@ -355,7 +253,7 @@ class SnapshotStore:
                 self._check_fence(meta.job_id, meta.operator_id, meta.epoch)
             await self._advance(conn, meta.job_id, meta.operator_id, meta.epoch, 0)
             async with conn.execute(
-                f"INSERT OR IGNORE INTO snapshots ({_META_COLUMNS}, payload) "
+                f"INSERT OR IGNORE INTO snapshots ({META_COLUMNS}, payload) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (meta.job_id, meta.operator_id, meta.window, meta.epoch, meta.size,
                  meta.checksum, payload),
@@ -381,13 +279,13 @@ class SnapshotStore:
         longer match what was written.
         """
         rows = list(await self._read().execute_fetchall(
-            f'SELECT {_META_COLUMNS}, payload FROM snapshots WHERE job_id = ? '
+            f'SELECT {META_COLUMNS}, payload FROM snapshots WHERE job_id = ? '
             'AND operator_id = ? ORDER BY "window" DESC LIMIT 1',
             (job_id, operator_id),
         ))
         if not rows:
             return None
-        meta, payload = _meta(rows[0]), bytes(rows[0][6])
+        meta, payload = meta_from_row(rows[0]), bytes(rows[0][6])
         actual = await _checksum(payload)
         if actual != meta.checksum or len(payload) != meta.size:
             log.error("snapshot %s window %d is corrupt on disk (checksum %s, stored %s)",
@@ -403,17 +301,17 @@ class SnapshotStore:
         """Metadata of a job's snapshots (of one operator if given), by operator and window."""
         if operator_id:
             rows = await self._read().execute_fetchall(
-                f'SELECT {_META_COLUMNS} FROM snapshots WHERE job_id = ? AND operator_id = ? '
+                f'SELECT {META_COLUMNS} FROM snapshots WHERE job_id = ? AND operator_id = ? '
                 'ORDER BY "window"',
                 (job_id, operator_id),
             )
         else:
             rows = await self._read().execute_fetchall(
-                f'SELECT {_META_COLUMNS} FROM snapshots WHERE job_id = ? '
+                f'SELECT {META_COLUMNS} FROM snapshots WHERE job_id = ? '
                 'ORDER BY operator_id, "window"',
                 (job_id,),
             )
-        return [_meta(row) for row in rows]
+        return [meta_from_row(row) for row in rows]
 
     async def delete_snapshots(
         self, job_id: str, operator_id: str = "", below_window: int = 0

@@ -43,7 +43,8 @@ from gridstream.v1 import (
     stateserver_pb2,
     stateserver_pb2_grpc,
 )
-from services.stateserver.store import OperatorHoldings, SnapshotMeta, SnapshotStore
+from services.stateserver.layout import OperatorHoldings, SnapshotMeta
+from services.stateserver.store import SnapshotStore
 
 log = logging.getLogger(__name__)
 

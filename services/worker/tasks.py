@@ -220,7 +220,7 @@ class TaskRunner:
             self.container.skip_to(offset)
         if self.tracking is not None:
             for entry in self.container.retained():
-                self.tracking.retain(entry.offset, entry.root or self._own_root(entry))
+                self.tracking.retain(entry.offset, entry.root or self._tuple_id(entry))
             self.tracking.restore(saved.get("tracking") or [], offset)
             # Whether the restored contributions reached their trackers before the
             # crash is unknown: their trackers rebuild those roots from the tasks.
@@ -390,10 +390,6 @@ class TaskRunner:
         return bound
 
     # -- tuple tracking ------------------------------------------------------
-
-    def _own_root(self, entry: Entry) -> int:
-        return tuple_id(self.task_index, self.partition, original_channel(entry.channel),
-                        entry.sequence)
 
     def _tuple_id(self, entry: Entry) -> int:
         """The batch's tracking id; a replayed batch stands for its original."""

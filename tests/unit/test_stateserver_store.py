@@ -12,12 +12,9 @@ import pytest
 from gridstream.codec import pack
 from gridstream.errors import InvalidArgument, Unavailable
 from gridstream.ids import checksum
+from services.stateserver.layout import SnapshotCorrupted, SnapshotMeta
 from services.stateserver.rows import decode_dead_letters, decode_rows, encode_entries
-from services.stateserver.store import (
-    SnapshotCorrupted,
-    SnapshotMeta,
-    SnapshotStore,
-)
+from services.stateserver.store import SnapshotStore
 
 JOB = "job-1"
 OP = "job-1/t0/p0"

@@ -1,0 +1,126 @@
+"""The state server's on-disk layout (SQLite schema and its version) and the
+records the store hands out. Kept apart from :mod:`services.stateserver.store`,
+which is the behaviour: reading, writing, fencing and cleaning up."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gridstream.errors import DataLoss
+
+ResultRow = tuple[str, str]
+"""(key, JSON text of the value)."""
+
+VersionedRow = tuple[str, str, int]
+"""(key, JSON text of the value, version of the write that stored it)."""
+
+DeadLetter = tuple[str, str, str, str]
+"""(dead-letter id, stage, record text, error text)."""
+
+VersionedDeadLetter = tuple[str, str, str, str, int]
+"""A dead letter and the version of the write that stored it."""
+
+SCHEMA_VERSION = 2
+"""``PRAGMA user_version`` of the current layout; an older file is refused
+with advice instead of being misread."""
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS snapshots (
+    job_id      TEXT    NOT NULL,
+    operator_id TEXT    NOT NULL,
+    "window"    INTEGER NOT NULL,
+    epoch       INTEGER NOT NULL,
+    size        INTEGER NOT NULL,
+    checksum    TEXT    NOT NULL,
+    payload     BLOB    NOT NULL,
+    PRIMARY KEY (job_id, operator_id, "window")
+);
+CREATE TABLE IF NOT EXISTS results (
+    job_id      TEXT    NOT NULL,
+    key         TEXT    NOT NULL,
+    value       TEXT    NOT NULL,
+    operator_id TEXT    NOT NULL,
+    version     INTEGER NOT NULL,
+    PRIMARY KEY (job_id, key)
+);
+CREATE INDEX IF NOT EXISTS results_by_operator ON results (job_id, operator_id, version);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    job_id      TEXT    NOT NULL,
+    id          TEXT    NOT NULL,
+    stage       TEXT    NOT NULL,
+    record      TEXT    NOT NULL,
+    error       TEXT    NOT NULL,
+    operator_id TEXT    NOT NULL,
+    version     INTEGER NOT NULL,
+    PRIMARY KEY (job_id, id)
+);
+CREATE INDEX IF NOT EXISTS dead_letters_by_operator
+    ON dead_letters (job_id, operator_id, version);
+CREATE TABLE IF NOT EXISTS operators (
+    job_id          TEXT    NOT NULL,
+    operator_id     TEXT    NOT NULL,
+    epoch           INTEGER NOT NULL,
+    results_version INTEGER NOT NULL,
+    PRIMARY KEY (job_id, operator_id)
+);
+"""
+
+META_COLUMNS = 'job_id, operator_id, "window", epoch, size, checksum'
+
+
+class SnapshotCorrupted(DataLoss):
+    """A stored snapshot no longer matches its checksum; it is never handed out."""
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMeta:
+    """What identifies and guards one window snapshot (mirrors the proto message)."""
+
+    job_id: str
+    operator_id: str
+    window: int
+    epoch: int
+    size: int
+    checksum: str
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A window snapshot whose payload matched its checksum when read."""
+
+    meta: SnapshotMeta
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorHoldings:
+    """What this store holds of one operator; replicas compare these to catch up."""
+
+    job_id: str
+    operator_id: str
+    latest_window: int | None
+    """Newest window snapshot held, None when none."""
+    results_version: int
+    """Highest version of the operator's result writes held (0: none)."""
+    epoch: int
+    """The fence: highest writer epoch accepted for the operator."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Figures for status displays and leak checks (snapshot count must stay flat)."""
+
+    snapshots: int
+    snapshot_bytes: int
+    commits: int
+    writes: int
+
+
+def meta_from_row(row: Any) -> SnapshotMeta:
+    """A SnapshotMeta from a row of ``_META_COLUMNS``."""
+    return SnapshotMeta(
+        job_id=row[0], operator_id=row[1], window=row[2], epoch=row[3], size=row[4],
+        checksum=row[5],
+    )
