@@ -13,29 +13,79 @@ exist yet (and creates it), so the restarted process runs on. Points:
 
 ``GRIDSTREAM_FAULT_WRITE_DELAY_S=<seconds>`` makes a state server wait that
 long before every write (a slow disk or an overloaded replica).
+
+``GRIDSTREAM_FAULT_ACK_BEFORE_REPLICATE=1`` makes a worker acknowledge a batch
+before its backups hold it: a deliberately broken build, which the history
+checker must catch (lost records after a kill). Never set it outside tests.
+
+``GRIDSTREAM_FAULT_DROP_REPORT=<node>:<n>`` makes that worker lose its n-th
+tracking report on the way (it believes it was delivered): the root's tracker
+must time it out and rebuild it, and nothing may be processed twice.
+
+The environment is read once, when the process starts (:data:`FAULTS`), never
+on the per-batch path.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    """The faults this process was started with (all off by default)."""
+
+    crash_node: str = ""
+    crash_point: str = ""
+    crash_nth: int = 0
+    ack_before_replicate: bool = False
+    write_delay_s: float = 0.0
+    drop_report_node: str = ""
+    drop_report_nth: int = 0
+
+    @classmethod
+    def from_environment(cls) -> FaultPlan:
+        """Reads the ``GRIDSTREAM_CRASH_POINT`` and ``GRIDSTREAM_FAULT_*`` variables."""
+        node = point = ""
+        nth = 0
+        spec = os.environ.get("GRIDSTREAM_CRASH_POINT", "")
+        if spec:
+            try:
+                node, point, nth_text = spec.split(":")
+                nth = int(nth_text)
+            except ValueError:
+                node, point, nth = "", "", 0
+        try:
+            delay = max(0.0, float(os.environ.get("GRIDSTREAM_FAULT_WRITE_DELAY_S", "0")))
+        except ValueError:
+            delay = 0.0
+        drop_node, drop_nth = "", 0
+        drop = os.environ.get("GRIDSTREAM_FAULT_DROP_REPORT", "")
+        if drop:
+            try:
+                drop_node, drop_text = drop.split(":")
+                drop_nth = int(drop_text)
+            except ValueError:
+                drop_node, drop_nth = "", 0
+        return cls(node, point, nth,
+                   os.environ.get("GRIDSTREAM_FAULT_ACK_BEFORE_REPLICATE", "") == "1", delay,
+                   drop_node, drop_nth)
+
+
+FAULTS = FaultPlan.from_environment()
+"""This process's faults, read once at start."""
 
 _hits: dict[str, int] = {}
 
 
 def crash_point(node_id: str, point: str) -> None:
-    """SIGKILLs this process if the environment arms this point for this node."""
-    spec = os.environ.get("GRIDSTREAM_CRASH_POINT")
-    if not spec:
+    """SIGKILLs this process if its fault plan arms this point for this node."""
+    if not FAULTS.crash_point or FAULTS.crash_node != node_id or FAULTS.crash_point != point:
         return
-    try:
-        node, name, nth = spec.split(":")
-        target = int(nth)
-    except ValueError:
-        return
-    if node != node_id or name != point:
-        return
+    target = FAULTS.crash_nth
     _hits[point] = _hits.get(point, 0) + 1
     if _hits[point] != target:
         return
@@ -50,29 +100,15 @@ def crash_point(node_id: str, point: str) -> None:
 
 def write_delay_s() -> float:
     """Seconds a state server waits before each write (0 unless set)."""
-    try:
-        return max(0.0, float(os.environ.get("GRIDSTREAM_FAULT_WRITE_DELAY_S", "0")))
-    except ValueError:
-        return 0.0
+    return FAULTS.write_delay_s
 
 
-_dropped: dict[str, int] = {}
+_reports: dict[str, int] = {}
 
 
-def drop_batch(node_id: str, task: int) -> bool:
-    """True when this batch must be lost inside the task (tests of tuple
-    tracking): ``GRIDSTREAM_FAULT_DROP_BATCH=<node>:<task>:<n>`` loses the n-th
-    batch task ``task`` takes on that node; the batch stays in the container,
-    as a batch lost after it was taken would."""
-    spec = os.environ.get("GRIDSTREAM_FAULT_DROP_BATCH")
-    if not spec:
+def drop_report(node_id: str) -> bool:
+    """True when this tracking report must be lost on the way (see the module doc)."""
+    if not FAULTS.drop_report_nth or FAULTS.drop_report_node != node_id:
         return False
-    try:
-        node, task_text, nth = spec.split(":")
-        wanted_task, target = int(task_text), int(nth)
-    except ValueError:
-        return False
-    if node != node_id or wanted_task != task:
-        return False
-    _dropped[node] = _dropped.get(node, 0) + 1
-    return _dropped[node] == target
+    _reports[node_id] = _reports.get(node_id, 0) + 1
+    return _reports[node_id] == FAULTS.drop_report_nth

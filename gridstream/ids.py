@@ -51,6 +51,19 @@ def task_channel(task: int, partition: int) -> str:
     return f"t{task}/p{partition}"
 
 
+def batch_identity(task: int, partition: int, channel: str, sequence: int) -> str:
+    """The deterministic identity of one batch in one JobContainer.
+
+    A batch is named by where it entered (the task and partition of its
+    container) and by its lineage (the channel of its producer, or of the
+    upstream task that emitted it, and its sequence on that channel). The name
+    is the same on every replay and unique across partitions and producers,
+    so result rows, dead letters and tracking ids derived from it never
+    collide: two partitions may both see sequence 1 of a producer.
+    """
+    return f"t{task}/p{partition}/{channel}#{sequence}"
+
+
 def record_id(channel: str, sequence: int, index: int) -> int:
     """A well-mixed, never-zero 64-bit id of a record, stable across replays.
 
@@ -70,8 +83,37 @@ def checksum(payload: bytes) -> str:
 
 def tuple_id(task: int, partition: int, channel: str, sequence: int) -> int:
     """The 64-bit tracking id of one batch in one container: the tuple of the
-    XOR tracker. Stable across replays (a replayed batch has the same
-    container, channel and sequence) and never zero."""
-    digest = hashlib.blake2b(f"{task}/{partition}/{channel}#{sequence}".encode(),
+    XOR tracker, a well-mixed hash of :func:`batch_identity`. Stable across
+    replays (a replayed batch has the same container, channel and sequence)
+    and never zero."""
+    digest = hashlib.blake2b(batch_identity(task, partition, channel, sequence).encode(),
                              digest_size=8).digest()
     return int.from_bytes(digest, "big") or 1
+
+
+# -- version spaces ----------------------------------------------------------
+#
+# Window numbers and result-row versions must grow across owners of a task: a
+# late write of a previous owner (still in flight when it was fenced) must never
+# replace a newer owner's. Both are built from the routing epoch at which the
+# owner took the task over.
+
+EPOCH_WINDOW_BITS = 20
+"""An owner numbers its windows from ``epoch << 20``: 1,048,576 windows per
+owner before its numbers reach the next epoch's range. At the default window
+(10,000 records) that is 10 billion records under one owner; past it the
+numbers still grow, and only a takeover at the very next epoch could collide."""
+
+WINDOW_ROW_BITS = 24
+"""Result-row versions are at least ``window << 24``: 16,777,216 row writes
+per window before they reach the next window's range."""
+
+
+def first_window(epoch: int) -> int:
+    """The lowest window number an owner that took over at ``epoch`` uses."""
+    return epoch << EPOCH_WINDOW_BITS
+
+
+def first_row_version(window: int) -> int:
+    """The lowest result-row version written in ``window``."""
+    return window << WINDOW_ROW_BITS

@@ -33,6 +33,14 @@ class DetectorSettings:
     """Floor of the standard deviation, so a very regular history is not brittle."""
     window: int = 100
     """Intervals remembered."""
+    bootstrap_heartbeats: int = 3
+    """After a scheduler restart, fresh heartbeats a re-admitted member must
+    send before its phi is trusted: an empty history says nothing about a
+    member whose heartbeats were failing while the scheduler was down (its
+    channel may be in reconnect backoff)."""
+    bootstrap_grace_s: float = 15.0
+    """A re-admitted member that sends no fresh heartbeat for this long after
+    the scheduler restarted is declared dead (it died while we were down)."""
 
 
 @dataclass
@@ -44,6 +52,9 @@ class ArrivalHistory:
     intervals: deque[float] = field(default_factory=deque)
     _sum: float = 0.0
     _sum_sq: float = 0.0
+    bootstrap_left: int = 0
+    """Heartbeats still needed before phi is trusted (0: trusted)."""
+    bootstrap_since: float = 0.0
 
     def __post_init__(self) -> None:
         # Start the history at mean = interval, sigma = mean / 4.
@@ -63,12 +74,22 @@ class ArrivalHistory:
 
     def heartbeat(self, now: float) -> None:
         """Records an arrival."""
+        if self.bootstrap_left:
+            # Intervals spanning the scheduler's own outage are not the
+            # member's rhythm: start the clock afresh at every bootstrap beat.
+            self.bootstrap_left -= 1
+            self.last = now
+            return
         if self.last is not None:
             self._add(max(0.0, now - self.last))
         self.last = now
 
     def phi(self, now: float) -> float:
-        """Suspicion level at ``now``; 0 before the first heartbeat."""
+        """Suspicion level at ``now``; 0 before the first heartbeat and while
+        bootstrapping (infinite once the bootstrap grace has passed)."""
+        if self.bootstrap_left:
+            grace_over = now - self.bootstrap_since > self.settings.bootstrap_grace_s
+            return float("inf") if grace_over else 0.0
         if self.last is None:
             return 0.0
         n = len(self.intervals)
@@ -76,6 +97,8 @@ class ArrivalHistory:
         variance = max(0.0, self._sum_sq / n - mean * mean)
         std = max(math.sqrt(variance), self.settings.min_std_s)
         elapsed = now - self.last
+        if elapsed <= 0:
+            return 0.0
         y = (elapsed - mean - self.settings.acceptable_pause_s) / std
         e = math.exp(-y * (1.5976 + 0.070566 * y * y))
         if e == 0.0:  # far in the tail: P underflows
@@ -109,6 +132,15 @@ class PhiAccrualDetector:
             history = self._histories[member] = ArrivalHistory(self.settings)
         history.heartbeat(now)
 
+    def readmit(self, member: str, now: float) -> None:
+        """Starts a member known from before a scheduler restart in bootstrap:
+        no verdict until it has sent ``bootstrap_heartbeats`` fresh heartbeats,
+        or dead once ``bootstrap_grace_s`` passes without them."""
+        history = self._histories[member] = ArrivalHistory(self.settings)
+        history.bootstrap_left = self.settings.bootstrap_heartbeats
+        history.bootstrap_since = now
+        history.last = now
+
     def forget(self, member: str) -> None:
         """Drops a member's history (it left, or it restarts afresh)."""
         self._histories.pop(member, None)
@@ -139,6 +171,8 @@ class PhiAccrualDetector:
         for member, history in self._histories.items():
             if paused and history.last is not None:
                 history.last = now
+                if history.bootstrap_left:
+                    history.bootstrap_since = now
             value = history.phi(now)
             out[member] = (self.verdict(value), value)
         return out

@@ -85,11 +85,12 @@ class Membership:
 
     def restore(self, node_id: str, role: int, address: str, incarnation: str,
                 now: float) -> None:
-        """Re-admits a member from durable state after a scheduler restart,
-        giving it a fresh heartbeat history instead of convicting it."""
+        """Re-admits a member from durable state after a scheduler restart. Its
+        phi is not trusted until it has sent a few fresh heartbeats (the
+        detector's bootstrap), so a restart convicts nobody who is alive."""
         self.members[node_id] = MemberRecord(node_id, role, address, incarnation,
                                              last_heartbeat=now)
-        self.detector.heartbeat(node_id, now)
+        self.detector.readmit(node_id, now)
 
     def heartbeat(self, node_id: str, incarnation: str, now: float) -> bool:
         """Records a heartbeat; False when the member must register again

@@ -18,7 +18,7 @@ import numpy as np
 
 from gridstream import codec
 from gridstream.config import Config
-from gridstream.errors import InvalidArgument, NotFound, StaleEpoch
+from gridstream.errors import GridstreamError, InvalidArgument, NotFound, StaleEpoch, Unavailable
 from gridstream.jobspec import JobSpec, Stage, check_imports, plan_tasks
 from gridstream.metrics import (
     CounterMetricFamily,
@@ -27,6 +27,7 @@ from gridstream.metrics import (
     counter,
     gauge,
 )
+from gridstream.retry import Backoff, RetryExhausted
 from gridstream.routing import RoutingView
 from gridstream.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.worker.peers import Channels, OutSegment, PeerRouter, StateClient
@@ -36,6 +37,10 @@ from services.worker.tasks import FetchedLog, TaskRunner
 from services.worker.trackers import TrackerHost, TrackerLayout, TrackingReporter, pack, unpack
 
 FETCH_TIMEOUT_S = 10.0
+FETCH_DEADLINE_S = 30.0
+"""How long a new owner keeps asking a live member for its copy of a log."""
+TASK_RESTART_DELAY_S = (0.1, 5.0)
+"""First and longest wait before a task whose loop failed is started again."""
 CHUNK_ENTRIES = 256
 
 log = logging.getLogger(__name__)
@@ -114,6 +119,14 @@ class WorkerNode:
         log.info("stopped job %s", job_id)
 
     def _start_task(self, runtime: JobRuntime, task: int, partition: int) -> TaskRunner:
+        runner = self._new_runner(runtime, task, partition)
+        runtime.runners[(task, partition)] = runner
+        runtime.handles[(task, partition)] = self.group.create_task(
+            self._supervise(runner), name=f"task {runner.operator_id}"
+        )
+        return runner
+
+    def _new_runner(self, runtime: JobRuntime, task: int, partition: int) -> TaskRunner:
         runner = TaskRunner(
             runtime.job_id,
             runtime.spec,
@@ -133,20 +146,42 @@ class WorkerNode:
         runner.epoch = self.routing.epoch
         if runtime.spec.tracking_timeout_s:
             self.trackers.timeouts[runtime.job_id] = runtime.spec.tracking_timeout_s
-        runtime.runners[(task, partition)] = runner
-        runtime.handles[(task, partition)] = self.group.create_task(
-            self._supervise(runner), name=f"task {runner.operator_id}"
-        )
         return runner
 
     async def _supervise(self, runner: TaskRunner) -> None:
-        """Keeps an unexpected error in one task from taking the worker down."""
-        try:
-            await runner.run(on_restored=self._count_recovery)
-        except asyncio.CancelledError:
-            raise
-        except BaseException:
-            log.exception("task %s failed", runner.operator_id)
+        """Keeps a task running: an unexpected error in its loop (or in its
+        start, e.g. a log copy that could not be fetched) is logged at ERROR,
+        counted in the task's progress (``restarts``, ``last_error``), and the
+        task is started again from its durable snapshot and the log this worker
+        holds, after a growing delay. Only its partition moving away (the
+        handle is cancelled) ends it."""
+        backoff = Backoff(f"restarting {runner.operator_id}", *TASK_RESTART_DELAY_S)
+        while True:
+            try:
+                await runner.run(on_restored=self._count_recovery)
+                return
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # an ExceptionGroup from the runner's TaskGroup
+                error = _describe(exc)
+                log.error("task %s failed (%s); starting it again from its snapshot",
+                          runner.operator_id, error, exc_info=exc)
+            await backoff.wait()
+            runner = await self._restart_task(runner, error)
+
+    async def _restart_task(self, failed: TaskRunner, error: str) -> TaskRunner:
+        """A fresh runner for a failed one's (task, partition): the failed
+        runner's container is retired here, so the fresh runner's restore takes
+        it as this worker's copy of the log (nothing committed is dropped)."""
+        await failed.container.close()
+        if failed.ready.is_set():
+            self.retired[failed.key] = failed.container
+        runtime = self.jobs[failed.job_id]
+        runner = self._new_runner(runtime, failed.task_index, failed.partition)
+        runner.restarts = failed.restarts + 1
+        runner.last_error = error
+        runtime.runners[(failed.task_index, failed.partition)] = runner
+        return runner
 
     async def sync(self) -> None:
         """Brings hosted jobs and tasks in line with the routing table."""
@@ -342,7 +377,7 @@ class WorkerNode:
         runner = await self.runner_for(job_id, segment.task, segment.partition, 0)
         return await runner.accept(
             segment.channel, segment.sequence, segment.keys, segment.values, timeout_s,
-            root=segment.root,
+            root=segment.root, previous_sequence=segment.previous_sequence,
         )
 
     # -- replication and handoff ----------------------------------------------
@@ -396,29 +431,52 @@ class WorkerNode:
             return self.container_log(key)
 
     async def _fetch_from(self, node: str, key: ContainerKey) -> FetchedLog | None:
-        address = self.routing.addresses.get(node)
-        if address is None:
-            return None
+        """A worker's copy of a container's log; None only when it answered
+        that it holds none, or when it left the membership (declared dead)
+        while we were asking. An RPC error is never read as "no copy": the
+        call is retried while the worker is a member, and after
+        FETCH_DEADLINE_S the error is raised (the task's start fails and is
+        retried by its supervisor, loudly)."""
+        backoff = Backoff(f"fetching {key} from {node}", first_s=0.05, max_s=0.5,
+                          deadline_s=FETCH_DEADLINE_S)
+        while True:
+            if node not in self.routing.workers:
+                log.warning("fetching %s: %s is no longer a member; not waiting for its copy",
+                            key, node)
+                return None
+            address = self.routing.addresses.get(node)
+            if address is None:
+                return None
+            try:
+                return await self._fetch_once(node, address, key)
+            except grpc.aio.AioRpcError as exc:
+                log.warning("fetching %s from %s failed (%s); retrying while it is a member",
+                            key, node, exc.code().name)
+                try:
+                    await backoff.wait(exc)
+                except RetryExhausted as exhausted:
+                    raise Unavailable(str(exhausted)) from None
+                with contextlib.suppress(GridstreamError):
+                    await self.routing.refresh()
+
+    async def _fetch_once(self, node: str, address: str, key: ContainerKey
+                          ) -> FetchedLog | None:
         stub = worker_pb2_grpc.WorkerStub(self.channels.get(address))
         request = worker_pb2.FetchContainerRequest(
             job_id=key[0], task=key[1], partition=key[2], epoch=self.routing.epoch)
         base = 0
         sequences: dict[str, int] = {}
         entries: list[Entry] = []
-        try:
-            async for chunk in stub.FetchContainer(request, timeout=FETCH_TIMEOUT_S):
-                if not chunk.found:
-                    return None
-                if not entries and not sequences:
-                    base = chunk.base_offset
-                    sequences = dict(chunk.sequences)
-                for item in chunk.entries:
-                    keys, values = codec.decode_batch(item.batch)
-                    entries.append(Entry(item.offset, item.channel, item.sequence, keys, values,
-                                         item.batch, root=item.root))
-        except grpc.aio.AioRpcError as exc:
-            log.warning("fetching %s from %s failed: %s", key, node, exc.code().name)
-            return None
+        async for chunk in stub.FetchContainer(request, timeout=FETCH_TIMEOUT_S):
+            if not chunk.found:
+                return None
+            if not entries and not sequences:
+                base = chunk.base_offset
+                sequences = dict(chunk.sequences)
+            for item in chunk.entries:
+                keys, values = codec.decode_batch(item.batch)
+                entries.append(Entry(item.offset, item.channel, item.sequence, keys, values,
+                                     item.batch, root=item.root))
         return base, sequences, entries
 
     def _local_log(self, key: ContainerKey) -> FetchedLog | None:
@@ -508,6 +566,16 @@ class WorkerNode:
         for job_id in list(self.jobs):
             await self.stop_job(job_id)
         await self.state.close()
+
+
+def _describe(exc: BaseException) -> str:
+    """The innermost error of an exception (group), in one short line."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    try:
+        return f"{type(exc).__name__}: {exc}"[:500]
+    except Exception:  # an exception whose __str__ fails
+        return type(exc).__name__
 
 
 __all__ = ["JobRuntime", "WorkerNode"]

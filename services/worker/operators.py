@@ -38,13 +38,37 @@ class ChainResult:
     dead_letters: list[DeadLetter] = field(default_factory=list)
 
 
+TEXT_LIMIT = 1000
+"""Characters of a record or an error kept in a dead letter."""
+
+
+def safe_text(make: Any) -> str:
+    """``str(make)`` cut to :data:`TEXT_LIMIT`, or a placeholder when even that
+    fails (a record nested too deep for ``repr``, a ``__repr__`` that raises):
+    describing a bad record must never be what stops a partition."""
+    try:
+        return str(make)[:TEXT_LIMIT]
+    except Exception as exc:  # RecursionError, user __repr__/__str__
+        return f"<unprintable: {type(exc).__name__}>"
+
+
+def record_text(key: Any, value: Any) -> str:
+    """A dead letter's description of a record (key and value), never raising."""
+    try:
+        text = repr(value) if key is None else f"{key!r}: {value!r}"
+    except Exception as exc:  # RecursionError, user __repr__
+        return f"<unprintable {type(value).__name__}: {type(exc).__name__}>"
+    return text[:TEXT_LIMIT]
+
+
 def _error_text(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"[:1000]
+    try:
+        return f"{type(exc).__name__}: {exc}"[:TEXT_LIMIT]
+    except Exception:  # an exception whose __str__ fails
+        return type(exc).__name__
 
 
-def _record_text(key: Any, value: Any) -> str:
-    text = repr(value) if key is None else f"{key!r}: {value!r}"
-    return text[:1000]
+_record_text = record_text
 
 
 class _DeadLetters:
@@ -161,13 +185,15 @@ def _fresh(initial: Any) -> Any:
     return initial if isinstance(initial, _IMMUTABLE) else copy.deepcopy(initial)
 
 
-def _reduce(stage: Stage, fn: Callable[[Any, Any], Any], state: dict[Any, Any]) -> StageFn:
+def _reduce(stage: Stage, fn: Callable[[Any, Any], Any], state: dict[Any, Any],
+            touched: set[Any]) -> StageFn:
     initial = stage.initial
     mutable_initial = not isinstance(initial, _IMMUTABLE)
 
     def run(keys: Keys, values: Values, dead: _DeadLetters) -> tuple[Keys, Values]:
         if keys is None:
             raise RuntimeError(f"stage {stage.name} is keyed but received records without keys")
+        touched.update(keys)  # the window's delta: one C call per batch
         out_k: list[Any] = []
         out_v: list[Any] = []
         get = state.get
@@ -188,12 +214,14 @@ def _reduce(stage: Stage, fn: Callable[[Any, Any], Any], state: dict[Any, Any]) 
     return run
 
 
-def _stateful(stage: Stage, fn: Callable[[Any, Any], Any], state: dict[Any, Any]) -> StageFn:
+def _stateful(stage: Stage, fn: Callable[[Any, Any], Any], state: dict[Any, Any],
+              touched: set[Any]) -> StageFn:
     initial = stage.initial
 
     def run(keys: Keys, values: Values, dead: _DeadLetters) -> tuple[Keys, Values]:
         if keys is None:
             raise RuntimeError(f"stage {stage.name} is keyed but received records without keys")
+        touched.update(keys)  # the window's delta: one C call per batch
         out_k: list[Any] = []
         out_v: list[Any] = []
         for i, (k, v) in enumerate(zip(keys, values, strict=True)):
@@ -219,12 +247,15 @@ class OperatorChain:
     """The stages of one task, chained, with the keyed state of this partition.
 
     ``states`` holds one dict per keyed stage (key -> accumulator or state);
-    it is what window snapshots carry.
+    it is what window snapshots carry. ``touched`` holds, per keyed stage,
+    the keys written or deleted since the last :meth:`capture_delta`: a
+    window snapshot carries only those (see :mod:`services.worker.snapshots`).
     """
 
     def __init__(self, stages: list[Stage], where: str) -> None:
         self.stages = stages
         self.states: dict[str, dict[Any, Any]] = {}
+        self.touched: dict[str, set[Any]] = {}
         self._steps: list[StageFn] = []
         self.has_sink = bool(stages) and stages[-1].kind == "sink"
         for stage in stages:
@@ -241,10 +272,14 @@ class OperatorChain:
                 self._steps.append(_map_batch(stage, fn))
             elif stage.kind == "reduce":
                 self.states[stage.name] = {}
-                self._steps.append(_reduce(stage, fn, self.states[stage.name]))
+                self.touched[stage.name] = set()
+                self._steps.append(_reduce(stage, fn, self.states[stage.name],
+                                           self.touched[stage.name]))
             elif stage.kind == "stateful":
                 self.states[stage.name] = {}
-                self._steps.append(_stateful(stage, fn, self.states[stage.name]))
+                self.touched[stage.name] = set()
+                self._steps.append(_stateful(stage, fn, self.states[stage.name],
+                                             self.touched[stage.name]))
             else:  # pragma: no cover - validated by jobspec
                 raise ValueError(f"unknown stage kind {stage.kind}")
 
@@ -276,6 +311,75 @@ class OperatorChain:
             state.clear()
             for k, v in saved.get(name, []):
                 state[k] = v
+        for touched in self.touched.values():
+            touched.clear()
+
+    def capture_delta(self) -> StateDelta:
+        """The keys written or deleted since the last capture, with their
+        values now (:data:`DELETED` for a key no longer held), and a fresh
+        start for the next window. Costs the keys touched, not the state.
+        Values are shared, as in :meth:`snapshot_state`."""
+        delta: StateDelta = {}
+        for name, touched in self.touched.items():
+            if not touched:
+                continue
+            state = self.states[name]
+            delta[name] = {k: state.get(k, DELETED) for k in touched}
+            touched.clear()
+        return delta
+
+    def capture_full(self) -> StateDelta:
+        """Every key (a whole state, for a window without a parent); also
+        starts the next window afresh. ``dict(state)`` copies in C, so even
+        millions of keys hold the loop for tens of milliseconds only."""
+        for touched in self.touched.values():
+            touched.clear()
+        return {name: dict(state) for name, state in self.states.items()}
+
+    def clear_state(self) -> None:
+        """Empties the keyed state (before applying a whole state)."""
+        for state in self.states.values():
+            state.clear()
+        for touched in self.touched.values():
+            touched.clear()
+
+    def apply_entries(self, entries: list[list[Any]]) -> int:
+        """Applies a chunk of a stored window: [stage, key, value] sets a key,
+        [stage, key] deletes it; entries of stages this chain does not have
+        are ignored. Returns how many were applied."""
+        states = self.states
+        applied = 0
+        for entry in entries:
+            state = states.get(entry[0])
+            if state is None:
+                continue
+            if len(entry) == 3:
+                state[entry[1]] = entry[2]
+            else:
+                state.pop(entry[1], None)
+            applied += 1
+        return applied
+
+
+class _Deleted:
+    """The value of a key deleted in a window (distinct from a None value)."""
+
+    _instance: _Deleted | None = None
+
+    def __new__(cls) -> _Deleted:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "DELETED"
+
+
+DELETED: Any = _Deleted()
+"""Stands for a deleted key in a :data:`StateDelta`."""
+
+StateDelta = dict[str, dict[Any, Any]]
+"""Per keyed stage: key -> value written in the window, or :data:`DELETED`."""
 
 
 def check_key(key: Any) -> bool:

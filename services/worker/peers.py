@@ -40,6 +40,9 @@ class OutSegment:
     values: list[Any]
     root: int = 0
     """Tuple tracking: the root whose tree this batch is in."""
+    previous_sequence: int = 0
+    """The sequence sent on this channel to this partition before, so the
+    receiver can tell a gap (lost acknowledged batches) from a first batch."""
     _proto: worker_pb2.Segment | None = None
 
     def to_proto(self) -> worker_pb2.Segment:
@@ -52,6 +55,7 @@ class OutSegment:
                 sequence=self.sequence,
                 batch=codec.encode_batch(self.values, self.keys),
                 root=self.root,
+                previous_sequence=self.previous_sequence,
             )
         return self._proto
 

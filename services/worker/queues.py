@@ -2,7 +2,17 @@
 
 An ordered log of batches. Each batch enters once: the container remembers the
 highest sequence accepted per channel and acknowledges a repeat as a duplicate
-without appending it, so senders may retry freely (idempotency keys).
+without appending it, so senders may retry freely (idempotency keys). This is
+the first half of gridstream's one idempotence rule (docs/recovery.md): every
+sender sends a channel's batches in increasing sequence and only sends the
+next once the previous one is acknowledged, so "at or below the highest
+accepted" means "already here".
+
+A sender also says which sequence it sent before (``previous_sequence``). A
+container whose highest accepted sequence on the channel is below that has
+lost acknowledged batches (every copy of its log died at once, more failures
+than ``backup_count`` allows): it records the range in :attr:`losses`, logs it
+at ERROR, and goes on with the batch, so the loss is named instead of silent.
 
 An appended batch is *committed* once its backups hold it (at once when the
 job has no backups); the operator only takes committed batches, and a sender
@@ -18,6 +28,7 @@ Only unconsumed records count against ``max_records``: a full container makes
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +36,8 @@ from typing import Any
 
 from gridstream import codec
 from gridstream.v1 import common_pb2
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -39,7 +52,7 @@ class Entry:
     batch: common_pb2.RecordBatch | None = field(default=None, repr=False)
     """The wire form, kept when the batch arrived over gRPC so replication
     does not encode it again."""
-    previous_sequence: int = 0
+    channel_sequence_before: int = 0
     """The channel's highest sequence before this batch, to roll back to."""
     root: int = 0
     """Tuple tracking: the root (source batch) whose tree this batch is in."""
@@ -54,6 +67,23 @@ class Entry:
         if self.batch is None:
             self.batch = codec.encode_batch(self.values, self.keys)
         return self.batch
+
+
+@dataclass(frozen=True, slots=True)
+class LostRange:
+    """Acknowledged batches that are gone: sequences ``first``..``last`` of
+    ``channel``, or, for a log that restarted past a snapshot, offsets."""
+
+    channel: str
+    first: int
+    last: int
+    what: str = "sequences"
+
+    def describe(self, container: str) -> str:
+        """One line for status, logs and the caller's error."""
+        count = self.last - self.first + 1
+        return (f"{container}: {count} batch{'es' if count != 1 else ''} lost on channel "
+                f"{self.channel} ({self.what} {self.first}..{self.last})")
 
 
 class ContainerClosed(Exception):
@@ -78,6 +108,8 @@ class JobContainer:
         self._changed = asyncio.Condition()
         self._closed = False
         self.records_in = 0
+        self.losses: list[LostRange] = []
+        """Ranges of acknowledged batches found missing (see the module doc)."""
 
     # -- state ---------------------------------------------------------------
 
@@ -138,8 +170,8 @@ class JobContainer:
         the log copies the new owner replays from."""
         sequences = dict(self._last_sequence)
         for entry in reversed(self.entries(offset, self._next_offset)):
-            if entry.previous_sequence:
-                sequences[entry.channel] = entry.previous_sequence
+            if entry.channel_sequence_before:
+                sequences[entry.channel] = entry.channel_sequence_before
             else:
                 sequences.pop(entry.channel, None)
         return sequences
@@ -161,11 +193,14 @@ class JobContainer:
         timeout_s: float | None = None,
         batch: common_pb2.RecordBatch | None = None,
         root: int = 0,
+        previous_sequence: int = 0,
     ) -> tuple[bool, int]:
         """Appends a batch unless it is a duplicate; waits while the container is
         full. Returns (accepted, offset), where for a duplicate the offset is
         the channel's latest entry (commit it before acknowledging). Raises
-        TimeoutError if no space frees up within ``timeout_s``."""
+        TimeoutError if no space frees up within ``timeout_s``.
+        ``previous_sequence`` (0: unknown) is the sender's acknowledged batch
+        before this one; a gap up to it is recorded as lost."""
         async with self._changed:
             self._check_open()
             if self.is_duplicate(channel, sequence):
@@ -185,9 +220,14 @@ class JobContainer:
                 self._check_open()
                 if self.is_duplicate(channel, sequence):
                     return False, self._last_offset.get(channel, -1)
+            last = self._last_sequence.get(channel, 0)
+            if self.dedupe and last < previous_sequence < sequence:
+                lost = LostRange(channel, last + 1, previous_sequence)
+                self.losses.append(lost)
+                log.error("DATA LOSS %s", lost.describe(self.container_id))
             offset = self._next_offset
             self._entries.append(Entry(offset, channel, sequence, keys, values, batch,
-                                       self._last_sequence.get(channel, 0), root))
+                                       last, root))
             self._next_offset += 1
             self._unconsumed_records += len(values)
             self._last_sequence[channel] = sequence

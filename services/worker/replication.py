@@ -8,6 +8,12 @@ new to the container first gets a full copy (``reset``). Only when every
 holder has an entry is it committed: the operator may take it and its sender
 is acknowledged.
 
+With fewer than ``backup_count`` other live workers, nothing is committed:
+the container *waits* for holders (a restarted worker, or a new one) rather
+than acknowledge a batch with fewer copies than promised. Senders are told so
+(UNAVAILABLE, naming the shortfall) when their push deadline passes, and
+retry; :attr:`Replicator.shortfall` says it for status and logs.
+
 Backup side — :class:`BackupStore`: holds the copies, serves them to whoever
 takes the partition over (:meth:`WorkerNode.fetch_container`), and drops
 entries a durable window snapshot covers.
@@ -135,6 +141,8 @@ class Replicator:
         self._synced: dict[str, int] = {}  # holder -> offset it holds up to
         self.synced_epoch = 0
         self._wake = asyncio.Event()
+        self.shortfall = ""
+        """Why nothing can be committed now (too few live holders), or empty."""
 
     def notify(self) -> None:
         """Something was appended (or a snapshot became durable)."""
@@ -159,6 +167,20 @@ class Replicator:
             end = self.container.next_offset
             sequences = self.container.sequences()
             holders = self.holders()
+            if len(holders) < self.backup_count:
+                if not self.shortfall:
+                    log.warning("%s: only %d of backup_count=%d backup holders are live; "
+                                "holding appends uncommitted until enough workers are back",
+                                self.container.container_id, len(holders), self.backup_count)
+                self.shortfall = (f"only {len(holders)} of backup_count={self.backup_count} "
+                                  "backup holders are live")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 0.5)
+                self._wake.set()
+                with contextlib.suppress(Exception):
+                    await self.routing.refresh()
+                continue
+            self.shortfall = ""
             try:
                 await asyncio.gather(
                     *(self._sync(holder, end, sequences) for holder in holders)

@@ -101,7 +101,8 @@ class Shuffle:
                 seq = self.sequences.get(p, 0) + 1
                 self.sequences[p] = seq
                 segments.append(OutSegment(self.dest_task, p, self.channel, seq,
-                                           bk[start:start + size], bv[start:start + size]))
+                                           bk[start:start + size], bv[start:start + size],
+                                           previous_sequence=seq - 1))
         return segments
 
     async def deliver(self, segments: list[OutSegment]) -> None:

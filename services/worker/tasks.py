@@ -31,17 +31,32 @@ from typing import TYPE_CHECKING, Any
 
 from gridstream import codec
 from gridstream.errors import GridstreamError
-from gridstream.faults import crash_point, drop_batch
-from gridstream.ids import container_id, key_text, operator_id, task_channel, tuple_id
+from gridstream.faults import FAULTS, crash_point, drop_report
+from gridstream.ids import (
+    batch_identity,
+    container_id,
+    first_row_version,
+    first_window,
+    key_text,
+    operator_id,
+    task_channel,
+    tuple_id,
+)
 from gridstream.jobspec import JobSpec, Stage, resolve
 from gridstream.v1 import common_pb2
-from services.worker.operators import DeadLetter, OperatorChain
+from services.worker.operators import (
+    ChainResult,
+    DeadLetter,
+    OperatorChain,
+    record_text,
+    safe_text,
+)
 from services.worker.peers import OutSegment, PeerRouter, StateClient
-from services.worker.queues import Entry, JobContainer
+from services.worker.queues import Entry, JobContainer, LostRange
 from services.worker.replication import Replicator
 from services.worker.shuffle import Shuffle
 from services.worker.snapshots import LatestSnapshot, PendingSnapshot, Persister, WindowSnapshot
-from services.worker.tracking import REPLAY_PREFIX, TaskTracking, is_replay, original_channel
+from services.worker.tracking import TaskTracking
 
 if TYPE_CHECKING:
     from services.worker.trackers import TrackingReporter
@@ -125,7 +140,12 @@ class TaskRunner:
         self.dead_letters = 0
         self.outbound_pending = 0
         self.recovered_batches = 0
+        """Batches after the snapshot's offset processed again on recovery."""
+        self.recovered_records = 0
         self.recovery_seconds = 0.0
+        self.restarts = 0
+        """Times this task's loop failed on this worker before this runner."""
+        self.last_error = ""
         self.epoch = 0
         self.tracking: TaskTracking | None = None
         if spec.delivery != "at_most_once" and reporter is not None:
@@ -141,6 +161,8 @@ class TaskRunner:
         self._last_close = time.monotonic()
         self._needs_rebuild: set[int] = set()
         self.invocations = 0
+        self.internal_errors = 0
+        """Batches dead-lettered whole because gridstream's own handling failed."""
         self._row_version = 0
         """Version of the last result write: increases with every write, and a
         later owner's are higher (its windows are numbered from epoch << 20),
@@ -198,17 +220,22 @@ class TaskRunner:
         # Window numbers are unique per owner: an owner that took over at epoch e
         # numbers from e << 20, so a late write from the previous owner (still in
         # flight when it handed over) can never take the place of one of ours.
-        self.window.window = max(self.window.window, self.epoch << 20)
+        self.window.window = max(self.window.window, first_window(self.epoch))
         if fetched is not None and fetched[0] + len(fetched[2]) >= offset:
             base, sequences, entries = fetched
             merged = {**in_sequences}
             for channel, seq in sequences.items():
                 merged[channel] = max(seq, merged.get(channel, 0))
-            if base > offset:
-                log.error("%s: log starts at %d but the snapshot ends at %d; records between "
-                          "were lost", self.operator_id, base, offset)
+            gap = (offset, base - 1) if base > offset else None
+            if gap is not None:
                 offset = base
             self.container.restore(base, merged, entries, offset)
+            if gap is not None:
+                # Every copy that held these offsets is gone: name them.
+                lost = LostRange("<log>", gap[0], gap[1], "offsets")
+                self.container.losses.append(lost)
+                log.error("DATA LOSS %s", lost.describe(self.container.container_id))
+                self._record_losses([lost])
         elif snapshot is not None:
             if fetched is not None:
                 log.warning("%s: the fullest log copy ends at %d, before the snapshot's offset "
@@ -229,6 +256,8 @@ class TaskRunner:
                 self._report_wake.set()
         self.latest.offset = offset
         self.recovered_batches = self.container.next_offset - offset
+        self.recovered_records = sum(
+            e.count for e in self.container.entries(offset, self.container.next_offset))
         self.recovery_seconds = time.monotonic() - started
         log.info("%s started: snapshot window %s, offset %d; log copy %s; %d batches to "
                  "replay (%.3fs)", self.operator_id, snapshot[0] if snapshot else None,
@@ -248,18 +277,26 @@ class TaskRunner:
         timeout_s: float | None,
         batch: common_pb2.RecordBatch | None = None,
         root: int = 0,
+        previous_sequence: int = 0,
     ) -> bool:
         """Appends a batch and returns once it is committed (held by every
         backup): only then may its sender be acknowledged. False for a
         duplicate (also only once the original is committed). ``root`` is the
         tracked root the batch descends from; 0 makes a client's batch its
-        own root."""
+        own root. ``previous_sequence`` lets the container name a gap."""
         await asyncio.wait_for(self.ready.wait(), timeout_s)
         if not root and self.tracking is not None:
             root = tuple_id(self.task_index, self.partition, channel, sequence)
+        losses_before = len(self.container.losses)
         accepted, offset = await self.container.append(
-            channel, sequence, keys, values, timeout_s, batch, root
+            channel, sequence, keys, values, timeout_s, batch, root, previous_sequence
         )
+        if len(self.container.losses) > losses_before:
+            self._record_losses(self.container.losses[losses_before:])
+        if accepted and FAULTS.ack_before_replicate:
+            # Test-only mutation: acknowledge before the backups hold the batch,
+            # so the history checker can be shown to catch the loss it causes.
+            await self.container.commit_through(offset + 1)
         if accepted and self.tracking is not None:
             self.tracking.retain(offset, root)
             if self.tracking.unregistered:
@@ -285,20 +322,12 @@ class TaskRunner:
                     self._close_window()
                 continue
             self.latest.begin(entry.channel, entry.sequence, offset)
-            if self.tracking is not None and drop_batch(self.node_id, self.task_index):
-                log.warning("%s: fault injection lost batch %s#%d at offset %d", self.operator_id,
-                            entry.channel, entry.sequence, offset)
-                self.latest.finish(offset + 1)
-                await container.mark_consumed(offset + 1)
-                self.records_processed += entry.count  # taken, and lost
-                continue
-            batch_id = f"{entry.channel}#{entry.sequence}"
+            batch_id = batch_identity(self.task_index, self.partition, entry.channel,
+                                      entry.sequence)
             self.invocations += entry.count
-            result = self.chain.process(entry.keys, entry.values, batch_id)
+            result, segments = self._run_batch(entry, batch_id)
             dead = result.dead_letters
-            segments: list[OutSegment] = []
-            if self.shuffle is not None and result.values:
-                segments = self.shuffle.split(result.values, batch_id, dead)
+            if segments and self.shuffle is not None:
                 for segment in segments:
                     segment.root = entry.root
                 self.outbound_pending = len(segments)
@@ -324,6 +353,39 @@ class TaskRunner:
                 self._close_window()
             elif container.pending_batches == 0 and (self._rows or self._dead):
                 self._flush()
+
+    def _run_batch(self, entry: Entry, batch_id: str) -> tuple[ChainResult, list[OutSegment]]:
+        """Runs a batch through the chain and splits its output for the shuffle.
+
+        User errors are dead-lettered record by record inside the chain. An
+        error anywhere else (gridstream's own handling of an odd record:
+        hashing, encoding, depth) must not stop the partition either: the
+        whole batch goes to dead letters with the error, the task goes on, and
+        the error is logged at ERROR. A replay meets the same error at the
+        same point, so the outcome is deterministic."""
+        try:
+            result = self.chain.process(entry.keys, entry.values, batch_id)
+            segments: list[OutSegment] = []
+            if self.shuffle is not None and result.values:
+                segments = self.shuffle.split(result.values, batch_id, result.dead_letters)
+            return result, segments
+        except Exception as exc:  # any error of one batch is contained
+            error = f"{type(exc).__name__}: {safe_text(exc)}"
+            log.error("%s: batch %s could not be processed (%s); its %d records go to dead "
+                      "letters", self.operator_id, batch_id, error, entry.count)
+            self.internal_errors += 1
+            keys = entry.keys or [None] * entry.count
+            dead = [(f"{batch_id}:<task>:{i}", "<task>", record_text(k, v), error)
+                    for i, (k, v) in enumerate(zip(keys, entry.values, strict=True))]
+            return ChainResult(None, [], dead_letters=dead), []
+
+    def _record_losses(self, losses: list[LostRange]) -> None:
+        """Names lost ranges durably (as dead letters of the task, which users
+        read with the results) besides the in-memory list progress reports."""
+        for lost in losses:
+            text = lost.describe(self.container.container_id)
+            self._dead.append((f"loss/{self.container.container_id}/{lost.channel}#"
+                               f"{lost.first}-{lost.last}", "<data loss>", "", text))
 
     def _flush(self, snapshot: PendingSnapshot | None = None) -> None:
         rows, self._rows = self._rows, {}
@@ -353,7 +415,8 @@ class TaskRunner:
             part = encoded[start:start + chunk]
             dead_part = dead if start == 0 else []
             if part or dead_part:
-                self._row_version = max(self._row_version + 1, self.window.window << 24)
+                self._row_version = max(self._row_version + 1,
+                                        first_row_version(self.window.window))
                 await self.state_client.write_results(
                     self.job_id, self.operator_id, part, dead_part, self.epoch,
                     self._row_version,
@@ -392,9 +455,8 @@ class TaskRunner:
     # -- tuple tracking ------------------------------------------------------
 
     def _tuple_id(self, entry: Entry) -> int:
-        """The batch's tracking id; a replayed batch stands for its original."""
-        return tuple_id(self.task_index, self.partition, original_channel(entry.channel),
-                        entry.sequence)
+        """The batch's tracking id (a hash of its identity)."""
+        return tuple_id(self.task_index, self.partition, entry.channel, entry.sequence)
 
     async def _flush_timer(self) -> None:
         """Closes the window when processed batches have waited ``tracking_flush_s``
@@ -434,7 +496,12 @@ class TaskRunner:
                             raise
                     registrations = tracking.registrations()
                     ready = tracking.reportable(self.durable_offset)
-                    if ready or registrations:
+                    if (ready or registrations) and drop_report(self.node_id):
+                        log.warning("%s: fault injection lost a tracking report of %d roots",
+                                    self.operator_id, len(ready) + len(registrations))
+                        tracking.mark_registered(registrations)  # believed delivered
+                        tracking.mark_reported([o for o, _, _ in ready])
+                    elif ready or registrations:
                         tracking.sequence += 1
                         await reporter.report(
                             self.job_id, self.partition, self.reporter_id, tracking.sequence,
@@ -469,12 +536,12 @@ class TaskRunner:
             self.container.trim(self.trim_bound())
             if self.replicator is not None:
                 self.replicator.notify()
-        if failed:
-            mine = [r for r in failed if r in tracking.pending]
-            if tracking.is_source:
-                tracking.figures.roots_failed += len(mine)
-            for offset in tracking.lost(mine, self.latest.offset):
-                await self._replay(offset)
+        if failed and tracking.is_source:
+            # A failed root is rebuilt from the tasks' contributions by its
+            # tracker; nothing is processed again here. Every batch of the
+            # tree is in a replicated container and is processed exactly once
+            # by the recovery of whichever task holds it (docs/recovery.md).
+            tracking.figures.roots_failed += sum(1 for r in failed if r in tracking.pending)
         if not collect:
             return {}, 0, set()
         async with self.tracking_lock:
@@ -482,22 +549,6 @@ class TaskRunner:
             through = tracking.sequence
         sources = {r for r in collect if r in tracking.pending} if tracking.is_source else set()
         return contributions, through, sources
-
-    async def _replay(self, offset: int) -> None:
-        """Partial recovery: appends a lost batch, still held in this task's
-        replicated input, to the container again; only this task and the ones
-        after it run for it. Appending twice is a duplicate, so asking again
-        for the same loss does nothing."""
-        entry = self.container.entry_at(offset)
-        if entry is None or is_replay(entry.channel):
-            return
-        accepted = await self.accept(REPLAY_PREFIX + entry.channel, entry.sequence,
-                                     entry.keys, entry.values, None, entry.batch, entry.root)
-        if accepted and self.tracking is not None:
-            self.tracking.figures.batches_replayed += 1
-            self.tracking.figures.records_replayed += entry.count
-            log.warning("%s: root failed; processing lost batch %s#%d again from this task's "
-                        "input", self.operator_id, entry.channel, entry.sequence)
 
     def progress(self, node_id: str) -> common_pb2.TaskProgress:
         """Counters for the scheduler's drain check and for status displays."""
@@ -517,6 +568,13 @@ class TaskRunner:
             replicated_epoch=(self.replicator.synced_epoch if self.replicator is not None
                               else self.epoch_now()),
             invocations=self.invocations,
+            batches_replayed=self.recovered_batches,
+            records_replayed=self.recovered_records,
+            batches_lost=sum(lost.last - lost.first + 1 for lost in self.container.losses),
+            losses=[lost.describe(self.container.container_id)
+                    for lost in self.container.losses],
+            restarts=self.restarts,
+            last_error=self.last_error,
             **self._tracking_progress(),
         )
 
@@ -528,8 +586,6 @@ class TaskRunner:
             "roots_pending": tracking.roots_pending if tracking.is_source else 0,
             "roots_finished": tracking.figures.roots_finished,
             "roots_failed": tracking.figures.roots_failed,
-            "batches_replayed": tracking.figures.batches_replayed,
-            "records_replayed": tracking.figures.records_replayed,
         }
 
     def epoch_now(self) -> int:

@@ -15,21 +15,23 @@ tracker exactly once, however often a batch is processed.
 The task also keeps what a tracker may need again:
 
 - every retained batch of a pending root stays in the JobContainer (the
-  task's replicated input) until the root completes, so a batch lost inside
-  the task can be processed again from there, without running the stages
-  upstream of it (partial recovery, seed 002);
+  task's replicated input) until the root completes, so a task that fails is
+  recovered from there without running the stages upstream of it (partial
+  recovery, seed 002);
 - the contribution of every processed batch of a pending root, so a tracker
-  that moved or was lost can rebuild the root's checkValue from the tasks.
+  that moved or was lost, or whose reports were lost, can rebuild the root's
+  checkValue from the tasks.
+
+Tracking never makes a task process a batch again: a root that times out is
+rebuilt, and a batch is processed again only by a task's recovery, under the
+idempotence rule (docs/recovery.md), so lost reports cost a rebuild, never a
+second application.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-
-REPLAY_PREFIX = "replay/"
-"""Channel prefix of a batch appended again to its own container because its
-root failed; its sequence is the original's, so asking twice appends once."""
 
 
 @dataclass
@@ -38,8 +40,6 @@ class TrackingFigures:
 
     roots_finished: int = 0
     roots_failed: int = 0
-    batches_replayed: int = 0
-    records_replayed: int = 0
 
 
 @dataclass
@@ -151,17 +151,6 @@ class TaskTracking:
             self.since[root] = now
         return late
 
-    def lost(self, roots: list[int], consumed: int) -> list[int]:
-        """Offsets of retained batches of these roots that the operator passed
-        without processing (lost inside this task): they must run again."""
-        out = []
-        for root in roots:
-            for offset in sorted(self.pending.get(root, ())):
-                if (offset < consumed and offset not in self.unreported
-                        and offset not in self.reported):
-                    out.append(offset)
-        return out
-
     def contributions(self, roots: set[int]) -> dict[int, int]:
         """root -> XOR of this task's reported contributions, for a rebuild."""
         out: dict[int, int] = {}
@@ -211,13 +200,3 @@ class TaskTracking:
             self.unregistered = []
             now = time.monotonic()
             self.since = dict.fromkeys(self.pending, now)
-
-
-def is_replay(channel: str) -> bool:
-    """Whether a batch is a root-failure replay of another batch."""
-    return channel.startswith(REPLAY_PREFIX)
-
-
-def original_channel(channel: str) -> str:
-    """The channel of the batch a replay stands for."""
-    return channel[len(REPLAY_PREFIX):] if is_replay(channel) else channel

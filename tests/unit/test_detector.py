@@ -88,3 +88,33 @@ def test_a_paused_detector_convicts_nobody() -> None:
     while detector.tick(t)["w"][0] != Verdict.DEAD:
         t += 0.05
         assert t - resumed < 2.0
+
+
+def ticks(detector: PhiAccrualDetector, start: float, end: float) -> str:
+    """Ticks every 100 ms (as the scheduler does) and returns the last verdict."""
+    verdict = Verdict.ALIVE
+    t = start
+    while t <= end:
+        verdict = detector.tick(t)["worker-1"][0]
+        t = round(t + 0.1, 3)
+    return verdict
+
+
+def test_a_readmitted_member_is_not_judged_until_it_has_heartbeaten_again() -> None:
+    # A scheduler restart: the member's heartbeats failed while the scheduler
+    # was down, and its channel may take a few seconds to reconnect.
+    detector = PhiAccrualDetector(DetectorSettings())
+    detector.readmit("worker-1", now=100.0)
+    assert ticks(detector, 100.0, 103.0) == Verdict.ALIVE  # silent, but bootstrapping
+    for beat in (103.1, 103.35, 103.6):
+        detector.heartbeat("worker-1", beat)
+    # Bootstrap over: from now on phi is trusted, and silence convicts.
+    assert ticks(detector, 103.6, 104.0) == Verdict.ALIVE
+    assert ticks(detector, 104.1, 106.0) == Verdict.DEAD
+
+
+def test_a_readmitted_member_that_never_heartbeats_is_declared_dead_after_the_grace() -> None:
+    detector = PhiAccrualDetector(DetectorSettings(bootstrap_grace_s=15.0))
+    detector.readmit("worker-1", now=0.0)
+    assert ticks(detector, 0.0, 14.9) == Verdict.ALIVE
+    assert ticks(detector, 15.0, 15.5) == Verdict.DEAD

@@ -3,7 +3,7 @@ rebuild collects, lost batches and the retained-input bound."""
 
 from __future__ import annotations
 
-from services.worker.tracking import TaskTracking, is_replay, original_channel
+from services.worker.tracking import TaskTracking
 
 ROOT = 0xA1
 CHILD_1, CHILD_2 = 0xB1, 0xB2
@@ -62,17 +62,6 @@ def test_only_batches_below_the_durable_offset_are_reported() -> None:
     assert task.contributions({ROOT}) == {ROOT: 100 ^ 101}
 
 
-def test_a_batch_passed_without_processing_is_lost_and_only_it() -> None:
-    task = TaskTracking(is_source=False)
-    for offset in range(4):
-        task.retain(offset, ROOT)
-    task.processed(0, 1, [])
-    task.processed(2, 3, [])
-    task.mark_reported([0])
-    # Offset 1 was taken and lost; offset 3 is still queued (not consumed).
-    assert task.lost([ROOT], consumed=3) == [1]
-
-
 def test_a_duplicate_batch_is_processed_but_reported_once() -> None:
     # at_least_once: after a recovery a container may hold a batch twice.
     sink = TaskTracking(is_source=False)
@@ -81,7 +70,6 @@ def test_a_duplicate_batch_is_processed_but_reported_once() -> None:
     sink.processed(0, CHILD_1, [])
     sink.processed(1, CHILD_1, [])
     assert [v for _, _, v in sink.reportable(durable_offset=2)] == [CHILD_1, 0]
-    assert sink.lost([ROOT], consumed=2) == []
 
 
 def test_completed_roots_release_their_retained_batches() -> None:
@@ -131,8 +119,3 @@ def test_overdue_roots_are_asked_for_once_per_period() -> None:
     assert task.overdue(start + 3.0, timeout_s=1.0) == set()
     assert TaskTracking(is_source=False).overdue(start + 99, timeout_s=1.0) == set()
 
-
-def test_replay_channels_name_their_original() -> None:
-    assert is_replay("replay/t0/p3")
-    assert original_channel("replay/t0/p3") == "t0/p3"
-    assert original_channel("t0/p3") == "t0/p3"
