@@ -1,14 +1,34 @@
-"""Bearer-token authentication and per-token rights, checked by a server
-interceptor before any servicer runs.
+"""Who may call what, decided by a server interceptor before any servicer runs
+and before the request body is decoded.
 
-Rights: ``submit`` (submit and cancel jobs), ``send`` (push records), ``read``
-(jobs, progress, status, routing table, results) and ``admin`` (everything,
-including the calls members make to one another). The standard health and
-reflection services need no token, so supervisors and probes keep working.
+Two kinds of callers:
+
+* **Members** (scheduler, workers, state servers, and an operator holding the
+  member configuration) present the *cluster secret* in the
+  ``x-gridstream-member`` metadata on every call, or, on a cluster with
+  bearer tokens, an ``admin`` token. Member calls (registration, heartbeats,
+  deploy, replication, log fetch, tracking, snapshot and result writes, ...)
+  need one of them in every mode, plaintext included.
+* **Clients** need nothing more on a cluster without tokens; with
+  ``tokens_file`` they need a token with the right the method needs:
+  ``submit`` (submit and cancel jobs), ``send`` (push records), ``read``
+  (jobs, progress, status, routing table, results).
+
+The standard health and reflection services are open, so supervisors and
+probes keep working. A request whose bytes are not a valid message is answered
+INVALID_ARGUMENT with a rate-limited warning in the log, never a traceback.
 """
 
 from __future__ import annotations
 
+import contextvars
+import hmac
+import inspect
+import logging
+import os
+import secrets
+import stat
+import time
 import tomllib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -16,7 +36,12 @@ from typing import Any
 
 import grpc
 
+log = logging.getLogger(__name__)
+
 RIGHTS = ("submit", "send", "read", "admin")
+
+MEMBER_METADATA = "x-gridstream-member"
+"""Metadata key carrying the cluster secret on members' calls."""
 
 _NEEDS: dict[str, str] = {
     "/gridstream.v1.Scheduler/SubmitJob": "submit",
@@ -31,6 +56,12 @@ _NEEDS: dict[str, str] = {
     "/gridstream.v1.StateServer/ReadDeadLetters": "read",
 }
 _OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+caller_is_member: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "caller_is_member", default=False)
+"""True inside a servicer call made by an authenticated member (set by
+:class:`CallGuard`); servicers use it to keep clients out of internal
+channels."""
 
 
 def needed_right(method: str) -> str | None:
@@ -57,12 +88,122 @@ def load_tokens(path: str | Path) -> dict[str, frozenset[str]]:
     return out
 
 
-class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Refuses calls without a known token (UNAUTHENTICATED) or without the
-    right the method needs (PERMISSION_DENIED); nothing runs for them."""
+# -- secrets on disk -------------------------------------------------------------
 
-    def __init__(self, tokens: dict[str, frozenset[str]]) -> None:
+MIN_SECRET_CHARS = 24
+"""Shortest cluster secret accepted."""
+
+
+def write_private(path: Path, text: str) -> None:
+    """Writes a file only its owner can read, created with mode 0600 (never
+    readable by others, not even for an instant) and replaced atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+    tmp.replace(path)
+
+
+def create_cluster_secret(path: Path, secret: str | None = None) -> Path:
+    """Writes a cluster secret (a fresh random one unless given), mode 0600."""
+    write_private(path, (secret or secrets.token_urlsafe(32)) + "\n")
+    return path
+
+
+def load_cluster_secret(path: str | Path) -> str:
+    """Reads a cluster secret; raises ValueError if the file is readable by
+    others or the secret is too short."""
+    mode = os.stat(path).st_mode
+    if stat.S_IMODE(mode) & 0o077:
+        raise ValueError(f"{path} is readable by others (mode {stat.S_IMODE(mode):o}); "
+                         "chmod 600 it")
+    secret = Path(path).read_text().strip()
+    if len(secret) < MIN_SECRET_CHARS:
+        raise ValueError(f"{path}: the cluster secret must be at least {MIN_SECRET_CHARS} "
+                         "characters")
+    return secret
+
+
+# -- the server side -------------------------------------------------------------
+
+
+class _Undecodable:
+    """Stands in for a request whose bytes did not decode."""
+
+    def __init__(self, size: int, error: str) -> None:
+        self.size = size
+        self.error = error
+
+
+class _WarnEvery:
+    """At most one warning per ``interval_s`` per key; counts the ones held back."""
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def warn(self, key: str, message: str, *args: Any) -> None:
+        """Logs now, or counts the warning until the interval has passed."""
+        now = time.monotonic()
+        if now - self._last.get(key, -self.interval_s) < self.interval_s:
+            self._held[key] = self._held.get(key, 0) + 1
+            return
+        held = self._held.pop(key, 0)
+        self._last[key] = now
+        if held:
+            message += f" ({held} more since the last warning)"
+        log.warning(message, *args)
+
+
+_corrupt_warnings = _WarnEvery()
+
+
+class CallGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Authenticates every call before its body is decoded, and turns a body
+    that does not decode into INVALID_ARGUMENT.
+
+    ``secret`` is the cluster secret members present; ``tokens`` (None when
+    the cluster has no tokens file) maps bearer tokens to rights. Refused
+    calls never run and never decode their request.
+    """
+
+    def __init__(self, secret: str | None, tokens: dict[str, frozenset[str]] | None) -> None:
+        self.secret = secret.encode() if secret else None
         self.tokens = tokens
+
+    def _is_member(self, metadata: dict[str, Any]) -> bool:
+        presented = metadata.get(MEMBER_METADATA)
+        if self.secret is not None and isinstance(presented, str) and hmac.compare_digest(
+                presented.encode(), self.secret):
+            return True
+        if self.tokens is not None:
+            return "admin" in self.tokens.get(_bearer(metadata), frozenset())
+        return False
+
+    def _refusal(self, method: str, right: str, member: bool,
+                 metadata: dict[str, Any]) -> tuple[grpc.StatusCode, str] | None:
+        if member:
+            return None
+        if self.tokens is None:
+            if right != "admin":
+                return None
+            return (grpc.StatusCode.UNAUTHENTICATED,
+                    f"{method} is a member call: it needs the cluster secret "
+                    "(security.cluster_secret_file) or an admin token")
+        rights = self.tokens.get(_bearer(metadata))
+        if rights is None:
+            return (grpc.StatusCode.UNAUTHENTICATED,
+                    "missing or unknown bearer token; set security.token (SDK: "
+                    "Client(..., security=...)) to a token the cluster knows")
+        if right not in rights and "admin" not in rights:
+            return (grpc.StatusCode.PERMISSION_DENIED,
+                    f"this token lacks the '{right}' right needed by {method}")
+        return None
 
     async def intercept_service(
         self,
@@ -70,22 +211,29 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
         method = handler_call_details.method
         right = needed_right(method)
-        if right is None or handler is None:
-            return handler
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        header = str(metadata.get("authorization", ""))
-        token = header[7:] if header.lower().startswith("bearer ") else ""
-        rights = self.tokens.get(token)
-        if rights is None:
-            return _deny(handler, grpc.StatusCode.UNAUTHENTICATED,
-                         "missing or unknown bearer token; set security.token (SDK: "
-                         "Client(..., security=...)) to a token the cluster knows")
-        if right not in rights and "admin" not in rights:
-            return _deny(handler, grpc.StatusCode.PERMISSION_DENIED,
-                         f"this token lacks the '{right}' right needed by {method}")
-        return handler
+        if right is None:
+            return handler if method.startswith("/grpc.reflection.") else _guarded(
+                handler, method, False)
+        metadata = {key: value for key, value in handler_call_details.invocation_metadata or ()}
+        member = self._is_member(metadata)
+        refusal = self._refusal(method, right, member, metadata)
+        if refusal is not None:
+            return _deny(handler, *refusal)
+        return _guarded(handler, method, member)
+
+
+def _bearer(metadata: dict[str, Any]) -> str:
+    header = str(metadata.get("authorization", ""))
+    return header[7:] if header.lower().startswith("bearer ") else ""
+
+
+def _ignore_body(data: bytes) -> None:
+    """The deserializer of a refused call: its bytes are never decoded."""
+    return None
 
 
 def _deny(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
@@ -93,7 +241,7 @@ def _deny(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
     async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(code, message)
 
-    kwargs = {"request_deserializer": handler.request_deserializer,
+    kwargs = {"request_deserializer": _ignore_body,
               "response_serializer": handler.response_serializer}
     if handler.unary_stream is not None:
         return grpc.unary_stream_rpc_method_handler(refuse, **kwargs)
@@ -102,3 +250,88 @@ def _deny(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
     if handler.stream_stream is not None:
         return grpc.stream_stream_rpc_method_handler(refuse, **kwargs)
     return grpc.unary_unary_rpc_method_handler(refuse, **kwargs)
+
+
+def _guarded(handler: grpc.RpcMethodHandler, method: str,
+             member: bool) -> grpc.RpcMethodHandler:
+    """The handler with a deserializer that cannot raise and a behaviour that
+    answers INVALID_ARGUMENT for a body that did not decode, and that runs
+    the servicer with :data:`caller_is_member` set."""
+    if handler.request_streaming:
+        return handler  # gridstream has no client-streaming calls
+    decode = handler.request_deserializer
+
+    def safe_decode(data: bytes) -> Any:
+        if decode is None:
+            return data
+        try:
+            return decode(data)
+        except Exception as exc:  # protobuf raises DecodeError, RecursionError, ...
+            return _Undecodable(len(data), type(exc).__name__)
+
+    behaviour = handler.unary_stream or handler.unary_unary
+
+    async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, _Undecodable):
+            peer = context.peer() or "?"
+            _corrupt_warnings.warn(method, "refused %s from %s: %d bytes that are not a valid "
+                                   "request (%s)", method, peer, request.size, request.error)
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"the request is not a valid {method.rsplit('/', 1)[-1]} message "
+                f"({request.size} bytes); nothing was done")
+        caller_is_member.set(member)
+        result = behaviour(request, context)
+        if inspect.isasyncgen(result):
+            async for item in result:
+                await context.write(item)
+            return None
+        return await result
+
+    if handler.unary_stream is not None:
+        return grpc.unary_stream_rpc_method_handler(
+            run, request_deserializer=safe_decode,
+            response_serializer=handler.response_serializer)
+    return grpc.unary_unary_rpc_method_handler(
+        run, request_deserializer=safe_decode, response_serializer=handler.response_serializer)
+
+
+# -- the client side -------------------------------------------------------------
+
+
+def _with_secret(details: grpc.aio.ClientCallDetails,
+                 secret: str) -> grpc.aio.ClientCallDetails:
+    metadata = grpc.aio.Metadata(*(details.metadata or ()))
+    metadata.add(MEMBER_METADATA, secret)
+    return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,
+                                      details.credentials, details.wait_for_ready)
+
+
+class _UnaryMemberCredentials(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Adds the cluster secret to every unary call of a member's channel."""
+
+    def __init__(self, secret: str) -> None:
+        self.secret = secret
+
+    async def intercept_unary_unary(self, continuation: Any, client_call_details: Any,
+                                    request: Any) -> Any:
+        """Unary calls carry the secret."""
+        return await continuation(_with_secret(client_call_details, self.secret), request)
+
+
+class _StreamMemberCredentials(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    """Adds the cluster secret to every server-streaming call of a member's channel."""
+
+    def __init__(self, secret: str) -> None:
+        self.secret = secret
+
+    async def intercept_unary_stream(self, continuation: Any, client_call_details: Any,
+                                     request: Any) -> Any:
+        """Server-streaming calls carry the secret."""
+        return await continuation(_with_secret(client_call_details, self.secret), request)
+
+
+def member_credentials(secret: str) -> list[grpc.aio.ClientInterceptor]:
+    """Client interceptors that present the cluster secret on every call (one
+    per call kind: a channel files each interceptor under one kind only)."""
+    return [_UnaryMemberCredentials(secret), _StreamMemberCredentials(secret)]

@@ -17,6 +17,7 @@ unacknowledged batch per client, which keeps sequences gap-free and ordered.
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import json
 import time
@@ -30,16 +31,19 @@ import grpc
 from gridstream import codec, rpc
 from gridstream.config import SecurityConfig
 from gridstream.errors import (
+    BATCH_TOO_LARGE,
+    DataLoss,
     DeadlineExceeded,
     FailedPrecondition,
     GridstreamError,
     NotFound,
+    ResourceExhausted,
     StaleEpoch,
     Unavailable,
     from_rpc_error,
 )
 from gridstream.ids import partition_for_key
-from gridstream.jobspec import JobSpec, load_job_file
+from gridstream.jobspec import JobSpec, load_job_file, validate
 from gridstream.replicas import ReplicaClient
 from gridstream.routing import RoutingView
 from gridstream.v1 import (
@@ -49,6 +53,7 @@ from gridstream.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
+from gridstream.validation import check_nesting, short
 
 DEFAULT_BATCH_SIZE = 5_000
 _RETRYABLE = {
@@ -56,6 +61,18 @@ _RETRYABLE = {
     grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
+_OUTCOME_UNKNOWN = (DeadlineExceeded, Unavailable, ResourceExhausted, StaleEpoch)
+"""Failures after which a batch may or may not have been appended: it is kept
+and pushed again with the same sequence, so it counts once either way."""
+_MAX_SEGMENT_BYTES = rpc.MAX_MESSAGE_BYTES - 64 * 1024
+"""Largest encoded batch the SDK tries to send (gRPC's limit less framing)."""
+
+Batch = tuple[list[Any] | None, list[Any]]
+
+
+def _too_large(error: GridstreamError) -> bool:
+    """A push refused for its size: the same batch will never be accepted."""
+    return isinstance(error, ResourceExhausted) and BATCH_TOO_LARGE in str(error)
 
 
 class Client:
@@ -84,6 +101,7 @@ class Client:
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel(scheduler))
         self._table = scheduler_pb2.RoutingTable()
         self._sequences: dict[tuple[str, int], int] = {}
+        self._pending: dict[tuple[str, int], worker_pb2.Segment] = {}
         self._partition_locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._round_robin = itertools.count()
         self._state = ReplicaClient(RoutingView(self._scheduler, virtual_nodes=100),
@@ -116,6 +134,7 @@ class Client:
         Raises InvalidArgument when the job is malformed or an import path does
         not resolve on the workers."""
         spec = job if isinstance(job, JobSpec) else load_job_file(job)
+        validate(spec)
         response = await self._call(
             "submitting job", self._scheduler.SubmitJob,
             scheduler_pb2.SubmitJobRequest(spec=spec.to_proto()), rpc.CONTROL_TIMEOUT_S * 3,
@@ -220,18 +239,30 @@ class Client:
         the same whenever the same records are sent again and larger than any
         sequence this producer used before (e.g. ``(batch_id + 1) << 24`` for a
         micro-batch). The n-th batch sent to a partition then carries sequence
-        ``first_sequence + n``; a partition that already holds it acknowledges
-        it as a duplicate instead of appending it again."""
+        ``first_sequence + n``, and unkeyed batches go to partitions 0, 1, 2, ...
+        in order, so sending the same records again sends the same batches; a
+        partition that already holds one acknowledges it as a duplicate
+        instead of appending it again.
+
+        A record nested deeper than ``gridstream.validation.MAX_NESTING`` is
+        refused at once (InvalidArgument), as is one too large for any push
+        (ResourceExhausted naming the limit). When some partitions fail, every
+        other partition's pushes still finish, and the error raised says which
+        partitions were sent, which hold a batch the client will push again
+        with the same sequence, and which were refused (see
+        :class:`gridstream.errors.GridstreamError`)."""
         if (producer is None) != (first_sequence is None):
             raise ValueError("give producer and first_sequence together")
         routing = await self._routing(job_id)
         partitions = routing.partitions
-        per_partition: dict[int, list[tuple[list[Any] | None, list[Any]]]] = {}
+        per_partition: dict[int, list[Batch]] = {}
         total = 0
         if keys is not None:
             values = list(values)
             if len(keys) != len(values):
                 raise ValueError("keys and values differ in length")
+            check_nesting(keys, "key")
+            check_nesting(values, "record")
             grouped: dict[int, tuple[list[Any], list[Any]]] = {}
             for k, v in zip(keys, values, strict=True):
                 bucket = grouped.setdefault(partition_for_key(k, partitions), ([], []))
@@ -245,54 +276,143 @@ class Client:
                 total += len(bv)
         else:
             iterator = iter(values)
+            turn = itertools.count() if producer is not None else self._round_robin
             while chunk := list(itertools.islice(iterator, self.batch_size)):
-                p = next(self._round_robin) % partitions
+                check_nesting(chunk, "record")
+                p = next(turn) % partitions
                 per_partition.setdefault(p, []).append((None, chunk))
                 total += len(chunk)
+        order = sorted(per_partition)
         if producer is not None and first_sequence is not None:
             channel = f"src/{producer}"
-            await asyncio.gather(*(
-                self._send_sequenced(job_id, p, batches, channel, first_sequence)
-                for p, batches in per_partition.items()
-            ))
-            return total
-        await asyncio.gather(
-            *(self._send_partition(job_id, p, batches) for p, batches in per_partition.items())
-        )
+            outcomes = await asyncio.gather(*(
+                self._send_sequenced(job_id, p, per_partition[p], channel, first_sequence)
+                for p in order
+            ), return_exceptions=True)
+        else:
+            outcomes = await asyncio.gather(
+                *(self._send_partition(job_id, p, per_partition[p]) for p in order),
+                return_exceptions=True,
+            )
+        self._raise_partial(job_id, dict(zip(order, outcomes, strict=True)))
         return total
 
+    def _raise_partial(self, job_id: str, outcomes: dict[int, BaseException | None]) -> None:
+        """Raises one error that names what became of every partition, once
+        every partition's pushes have finished."""
+        failures = {p: r for p, r in outcomes.items() if isinstance(r, BaseException)}
+        if not failures:
+            return
+        for failure in failures.values():
+            if not isinstance(failure, GridstreamError):
+                raise failure
+        first_partition = min(failures)
+        first = failures[first_partition]
+        assert isinstance(first, GridstreamError)
+        sent = tuple(p for p in outcomes if p not in failures)
+        pending = tuple(p for p in failures if (job_id, p) in self._pending)
+        refused = tuple(p for p in failures if p not in pending)
+        message = (f"{first} (partition {first_partition}); partitions sent in full: "
+                   f"{list(sent)}; holding a batch the client pushes again with the same "
+                   f"sequence on the next send or flush (do not resend): {list(pending)}; "
+                   f"refused (nothing of their unsent batches appended): {list(refused)}")
+        error = type(first)(message)
+        error.sent_partitions = sent
+        error.pending_partitions = pending
+        error.failed_partitions = refused
+        raise error from first
+
+    async def flush(self, job_id: str) -> None:
+        """Pushes again, with their sequences, the batches earlier sends left
+        with an unknown outcome (a push that timed out or found no worker);
+        :meth:`send` does it first anyway."""
+        parts = sorted(p for j, p in self._pending if j == job_id)
+        outcomes = await asyncio.gather(*(self._send_partition(job_id, p, []) for p in parts),
+                                        return_exceptions=True)
+        self._raise_partial(job_id, dict(zip(parts, outcomes, strict=True)))
+
+    def _segment(self, partition: int, channel: str, sequence: int, batch: Batch,
+                 can_split: bool) -> worker_pb2.Segment | None:
+        """The wire form of a batch; None when it is too large for any push and
+        can be split; an error naming the limit when a single record is."""
+        keys, values = batch
+        encoded = codec.encode_batch(values, keys)
+        if encoded.ByteSize() > _MAX_SEGMENT_BYTES:
+            if can_split and len(values) > 1:
+                return None
+            raise ResourceExhausted(
+                f"a batch of {len(values)} record(s) to partition {partition} encodes to "
+                f"{encoded.ByteSize()} bytes, above the {_MAX_SEGMENT_BYTES} bytes any push "
+                "may carry; it can never be sent" + (
+                    "" if len(values) == 1 else "; use a smaller batch_size"))
+        return worker_pb2.Segment(task=0, partition=partition, channel=channel,
+                                  sequence=sequence, batch=encoded)
+
     async def _send_sequenced(
-        self, job_id: str, partition: int, batches: list[tuple[list[Any] | None, list[Any]]],
+        self, job_id: str, partition: int, batches: list[Batch],
         channel: str, first_sequence: int,
     ) -> None:
-        for n, (keys, values) in enumerate(batches):
-            segment = worker_pb2.Segment(
-                task=0, partition=partition, channel=channel, sequence=first_sequence + n,
-                batch=codec.encode_batch(values, keys),
-            )
-            await self._push(job_id, segment)
-
-    async def _send_partition(
-        self, job_id: str, partition: int, batches: list[tuple[list[Any] | None, list[Any]]]
-    ) -> None:
-        lock = self._partition_locks.setdefault((job_id, partition), asyncio.Lock())
-        async with lock:
-            for keys, values in batches:
-                seq_key = (job_id, partition)
-                sequence = self._sequences.get(seq_key, 0) + 1
-                segment = worker_pb2.Segment(
-                    task=0,
-                    partition=partition,
-                    channel=self.channel_name,
-                    sequence=sequence,
-                    batch=codec.encode_batch(values, keys),
-                )
+        for n, batch in enumerate(batches):
+            segment = self._segment(partition, channel, first_sequence + n, batch, False)
+            assert segment is not None
+            try:
                 await self._push(job_id, segment)
+            except GridstreamError as exc:
+                if _too_large(exc):
+                    raise self._never_fits(exc, batch, partition, "; use a smaller batch_size"
+                                           if len(batch[1]) > 1 else "") from None
+                raise
+
+    @staticmethod
+    def _never_fits(error: GridstreamError, batch: Batch, partition: int,
+                    advice: str) -> ResourceExhausted:
+        return ResourceExhausted(f"a batch of {len(batch[1])} record(s) to partition "
+                                 f"{partition} can never be sent: {error}{advice}")
+
+    async def _send_partition(self, job_id: str, partition: int, batches: list[Batch]) -> None:
+        """Pushes a partition's batches in order, each with the next sequence.
+        A batch whose push ended with an unknown outcome keeps its sequence
+        and is pushed again first by the next send; a batch refused for its
+        size is split in two (a single record that does not fit fails at
+        once, naming the limit)."""
+        seq_key = (job_id, partition)
+        lock = self._partition_locks.setdefault(seq_key, asyncio.Lock())
+        async with lock:
+            held = self._pending.get(seq_key)
+            if held is not None:
+                try:
+                    await self._push(job_id, held)
+                except GridstreamError as exc:
+                    if not isinstance(exc, _OUTCOME_UNKNOWN):
+                        del self._pending[seq_key]  # refused: it was never appended
+                    raise
+                del self._pending[seq_key]
+            queue: collections.deque[Batch] = collections.deque(batches)
+            while queue:
+                batch = queue.popleft()
+                sequence = self._sequences.get(seq_key, 0) + 1
+                segment = self._segment(partition, self.channel_name, sequence, batch, True)
+                if segment is None:
+                    queue.extendleft(reversed(_halves(batch)))
+                    continue
+                try:
+                    await self._push(job_id, segment)
+                except GridstreamError as exc:
+                    if _too_large(exc) and len(batch[1]) > 1:
+                        queue.extendleft(reversed(_halves(batch)))  # nothing was appended
+                        continue
+                    if _too_large(exc):
+                        raise self._never_fits(exc, batch, partition, "") from None
+                    if isinstance(exc, _OUTCOME_UNKNOWN):
+                        self._sequences[seq_key] = sequence
+                        self._pending[seq_key] = segment
+                    raise
                 self._sequences[seq_key] = sequence
 
     async def _push(self, job_id: str, segment: worker_pb2.Segment) -> None:
         """Pushes one segment to its owner until acknowledged, following
-        re-routes and retrying transient failures with backoff."""
+        re-routes and retrying transient failures with backoff (never a
+        refusal for size, which no retry can cure)."""
         deadline = time.monotonic() + self.send_timeout_s
         delay = 0.02
         refresh = False
@@ -317,6 +437,8 @@ class Client:
                     # the fresh table says so (and _routing raises the right error).
                     refresh = True
                     continue
+                if _too_large(error):
+                    raise error from None
                 if not isinstance(error, StaleEpoch) and exc.code() not in _RETRYABLE:
                     raise error from None
                 if time.monotonic() + delay > deadline:
@@ -333,7 +455,14 @@ class Client:
         await self.job(job_id)  # NotFound for an unknown job
         await self._state.routing.refresh()
         rows = await self._state.read_results(job_id)
-        return {key: json.loads(value) for key, (value, _version) in rows.items()}
+        results: dict[str, Any] = {}
+        for key, (value, _version) in rows.items():
+            try:
+                results[key] = json.loads(value)
+            except (ValueError, RecursionError):
+                raise DataLoss(f"job {job_id}: the stored value of key {short(key)} is not "
+                               f"valid JSON ({short(value)})") from None
+        return results
 
     async def dead_letters(self, job_id: str) -> list[dict[str, str]]:
         """Records an operator raised on: id, stage, record and error."""
@@ -363,6 +492,14 @@ class Client:
             scheduler_pb2.RetireMemberRequest(node_id=node_id), rpc.CONTROL_TIMEOUT_S,
         )
         return int(response.epoch)
+
+
+def _halves(batch: Batch) -> list[Batch]:
+    """A batch cut in two, keys with their values."""
+    keys, values = batch
+    middle = len(values) // 2
+    return [(None if keys is None else keys[:middle], values[:middle]),
+            (None if keys is None else keys[middle:], values[middle:])]
 
 
 __all__ = ["DEFAULT_BATCH_SIZE", "Client", "GridstreamError"]

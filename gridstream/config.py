@@ -9,7 +9,10 @@ A bad value fails at start with a message naming the key.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -70,6 +73,14 @@ class ClusterConfig:
     durable window closes its window after at most this long, even before W
     records: trees complete within about this much of their last batch."""
 
+    job_modules: tuple[str, ...] = ("gridstream.builtins", "gridstream.examples")
+    """Modules (or packages, with everything below them) whose functions jobs
+    may name. Checked before anything is imported, by the scheduler at submit
+    and by every worker at deploy: whoever may submit jobs runs the code of
+    these modules on every worker, so list only modules you trust. The default
+    allows gridstream's own built-ins and examples; add your job packages
+    (``["gridstream.builtins", "mycompany.jobs"]``; environment: comma-separated)."""
+
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -86,6 +97,12 @@ class SchedulerConfig:
 
     metrics_port: int = 0
     """Port of the Prometheus /metrics endpoint; 0 picks a free one, -1 turns it off."""
+
+    metrics_host: str = "127.0.0.1"
+    """Interface of /metrics. Loopback by default: the endpoint is plain HTTP
+    without authentication and shows job ids and member names, so expose it
+    (``0.0.0.0``) only where the network itself is trusted, or scrape it
+    through a local agent or an authenticating proxy."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +140,12 @@ class WorkerConfig:
     metrics_port: int = 0
     """Port of the Prometheus /metrics endpoint; 0 picks a free one, -1 turns it off."""
 
+    metrics_host: str = "127.0.0.1"
+    """Interface of /metrics. Loopback by default: the endpoint is plain HTTP
+    without authentication and shows job ids and member names, so expose it
+    (``0.0.0.0``) only where the network itself is trusted, or scrape it
+    through a local agent or an authenticating proxy."""
+
 
 @dataclass(frozen=True)
 class StateServerConfig:
@@ -157,6 +180,12 @@ class StateServerConfig:
     metrics_port: int = 0
     """Port of the Prometheus /metrics endpoint; 0 picks a free one, -1 turns it off."""
 
+    metrics_host: str = "127.0.0.1"
+    """Interface of /metrics. Loopback by default: the endpoint is plain HTTP
+    without authentication and shows job ids and member names, so expose it
+    (``0.0.0.0``) only where the network itself is trusted, or scrape it
+    through a local agent or an authenticating proxy."""
+
 
 @dataclass(frozen=True)
 class SecurityConfig:
@@ -184,6 +213,20 @@ class SecurityConfig:
 
     token: str = ""
     """Bearer token this process sends on its calls (members: an admin token)."""
+
+    cluster_secret_file: str = ""
+    """File holding the cluster secret (mode 0600), which members present on
+    every call they make to one another (registration, heartbeats, deploy,
+    replication, log fetch, tracking, snapshot and result writes); a caller
+    without it (or, with tokens_file, without an admin token) is refused.
+    Services need it unless tokens_file is set; ``gridstream up`` and
+    ``gridstream certs`` create one. Clients leave it empty (an operator's
+    admin commands may set it)."""
+
+    plaintext_network: bool = False
+    """Let a service without tls bind an interface other than loopback.
+    Off by default: plaintext carries tokens and records readable by anyone
+    on the path; turn it on only inside a network you trust."""
 
 
 @dataclass(frozen=True)
@@ -242,6 +285,13 @@ class Config:
         for key, ok, why in checks:
             if not ok:
                 raise ConfigError(f"config key {key} {why}")
+        for key, value in _floats(self):
+            if not math.isfinite(value):
+                raise ConfigError(f"config key {key} must be a finite number, not {value}")
+        for module in self.cluster.job_modules:
+            if not _MODULE_NAME.match(module):
+                raise ConfigError(f"config key cluster.job_modules: {module!r} is not a module "
+                                  "or package name (e.g. 'mycompany.jobs')")
         if ":" not in self.scheduler_address:
             raise ConfigError("config key scheduler_address must be host:port")
         security = self.security
@@ -253,6 +303,8 @@ class Config:
                                       "security.tls is true")
                 if not Path(value).is_file():
                     raise ConfigError(f"config key security.{key}: {value} does not exist")
+        if security.cluster_secret_file:
+            _check_secret_file(security.cluster_secret_file)
         if security.tokens_file:
             if not security.tls:
                 raise ConfigError("config key security.tokens_file needs security.tls = true "
@@ -261,6 +313,68 @@ class Config:
                 raise ConfigError(f"config key security.tokens_file: {security.tokens_file} "
                                   "does not exist")
         return self
+
+    def check_service(self, host: str) -> Config:
+        """What a service needs beyond :meth:`validate`: member credentials
+        (:meth:`check_member_credentials`) and, without TLS, a loopback
+        interface unless security.plaintext_network allows another."""
+        self.check_member_credentials()
+        if not self.security.tls and not self.security.plaintext_network \
+                and not is_loopback(host):
+            raise ConfigError(
+                f"refusing to serve plaintext on {host}: bind 127.0.0.1, turn on "
+                "security.tls, or set security.plaintext_network = true for a network you "
+                "trust")
+        return self
+
+    def check_member_credentials(self) -> Config:
+        """For services: members must authenticate to one another in every mode,
+        so a service needs the cluster secret unless bearer tokens (with an
+        admin token) are configured."""
+        if not self.security.cluster_secret_file and not self.security.tokens_file:
+            raise ConfigError(
+                "config key security.cluster_secret_file must be set (members authenticate "
+                "to one another with it); create one with `gridstream certs` or use the "
+                "cluster.toml that `gridstream up` writes")
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """True for an interface only this machine can reach."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+_MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def _floats(config: Config) -> list[tuple[str, float]]:
+    """Every float-valued key with its value, to refuse inf and NaN everywhere."""
+    found: list[tuple[str, float]] = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            for sub in dataclasses.fields(value):
+                item = getattr(value, sub.name)
+                if isinstance(item, float):
+                    found.append((f"{f.name}.{sub.name}", item))
+    return found
+
+
+def _check_secret_file(path: str) -> None:
+    """A secret must exist and be readable by its owner only."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise ConfigError(f"config key security.cluster_secret_file: {path} does not "
+                          "exist") from None
+    if mode & 0o077:
+        raise ConfigError(f"config key security.cluster_secret_file: {path} is readable by "
+                          f"others (mode {mode & 0o777:o}); chmod 600 it")
 
 
 _T = TypeVar("_T")
@@ -289,9 +403,19 @@ def _coerce(key: str, raw: Any, kind: Any) -> Any:
             if not isinstance(raw, str | int | float):
                 raise ValueError(raw)
             return str(raw)
+        if kind == tuple[str, ...]:
+            if isinstance(raw, str):
+                return tuple(part.strip() for part in raw.split(",") if part.strip())
+            if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+                raise ValueError(raw)
+            return tuple(raw)
     except (TypeError, ValueError):
-        raise ConfigError(f"config key {key}: {raw!r} is not a valid {kind.__name__}") from None
+        raise ConfigError(f"config key {key}: {raw!r} is not a valid {_kind_name(kind)}") from None
     raise ConfigError(f"config key {key}: unsupported type")
+
+
+def _kind_name(kind: Any) -> str:
+    return getattr(kind, "__name__", None) or "list of strings"
 
 
 def _build(cls: type[_T], prefix: str, table: Mapping[str, Any], env: Mapping[str, str]) -> _T:
@@ -356,4 +480,6 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value)

@@ -11,9 +11,21 @@ import grpc
 
 
 class GridstreamError(Exception):
-    """Base of every gridstream error; ``code`` is the gRPC status it travels as."""
+    """Base of every gridstream error; ``code`` is the gRPC status it travels as.
+
+    When ``Client.send`` fails, the error also says what became of each
+    partition: ``sent_partitions`` were acknowledged in full,
+    ``pending_partitions`` hold a batch whose outcome is unknown (the client
+    pushes it again, with the same sequence, before anything else on its next
+    send to the job, or on ``Client.flush``; do not send those records again
+    yourself), and ``failed_partitions`` were refused (nothing of their
+    unsent batches was appended; fix and send those records again).
+    """
 
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    sent_partitions: tuple[int, ...] = ()
+    pending_partitions: tuple[int, ...] = ()
+    failed_partitions: tuple[int, ...] = ()
 
 
 class InvalidArgument(GridstreamError):
@@ -101,6 +113,10 @@ _BY_CODE: dict[grpc.StatusCode, type[GridstreamError]] = {
 }
 
 STALE_EPOCH_PREFIX = "stale epoch"
+
+BATCH_TOO_LARGE = "exceeds worker.max_batch_bytes"
+"""Part of the message of a push refused for its size: retrying the same
+batch can never succeed (the SDK splits it, or fails naming the limit)."""
 
 
 def from_rpc_error(error: grpc.aio.AioRpcError, what: str = "") -> GridstreamError:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import re
 import tomllib
 from collections.abc import Callable
@@ -40,8 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gridstream.errors import InvalidArgument
+from gridstream.config import ClusterConfig
+from gridstream.errors import InvalidArgument, PermissionDenied
 from gridstream.v1 import common_pb2
+from gridstream.validation import MAX_NESTING, json_nesting_depth, nesting_depth, short
 
 STAGE_KINDS: dict[str, int] = {
     "map": common_pb2.STAGE_KIND_MAP,
@@ -62,9 +65,65 @@ DELIVERY_MODES: dict[str, int] = {
 }
 DELIVERY_NAMES = {v: k for k, v in DELIVERY_MODES.items()}
 
-_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_PARTITIONS = 4096
+MAX_STAGES = 64
+"""Most stages a job may have."""
+MAX_WINDOW_SIZE = 100_000_000
+"""Largest window_size a job may ask for."""
+MAX_TRACKING_TIMEOUT_S = 86_400.0
+"""Longest tracking_timeout_s a job may ask for (a day)."""
+MAX_INITIAL_JSON_BYTES = 1024 * 1024
+"""Largest ``initial`` value of a stage, as JSON."""
+
+DEFAULT_JOB_MODULES: tuple[str, ...] = ClusterConfig().job_modules
+"""What jobs may name when the cluster's config says nothing (cluster.job_modules)."""
+
+_allowed_modules: tuple[str, ...] = DEFAULT_JOB_MODULES
+
+
+def allow_job_modules(modules: tuple[str, ...]) -> None:
+    """Sets the modules this process lets jobs name (services call it once at
+    start with cluster.job_modules); :func:`resolve` refuses anything else
+    before importing it."""
+    global _allowed_modules
+    _allowed_modules = tuple(modules)
+
+
+def allowed_job_modules() -> tuple[str, ...]:
+    """The modules this process lets jobs name."""
+    return _allowed_modules
+
+
+def module_allowed(module: str, allowed: tuple[str, ...]) -> bool:
+    """True when ``module`` is one of ``allowed`` or inside one of those packages."""
+    return any(module == entry or module.startswith(entry + ".") for entry in allowed)
+
+
+def check_allowed_path(path: str, where: str, allowed: tuple[str, ...] | None = None) -> None:
+    """Refuses (PERMISSION_DENIED) an import path outside the allowed modules,
+    or naming a dunder attribute, without importing anything."""
+    allowed = _allowed_modules if allowed is None else allowed
+    module_name, _, attr = path.partition(":")
+    if not module_allowed(module_name, allowed):
+        raise PermissionDenied(
+            f"{where}: module {short(module_name)} is not one this cluster lets jobs use "
+            f"(cluster.job_modules = {list(allowed)}); nothing was imported")
+    if attr.startswith("__"):
+        raise PermissionDenied(f"{where}: {short(path)} names a special attribute; name a "
+                               "function the module defines")
+
+
+def check_allowed(job: JobSpec, allowed: tuple[str, ...] | None = None) -> None:
+    """Checks every import path of a job against the allowed modules before
+    anything is imported (scheduler at submit, workers at deploy)."""
+    for stage in job.stages:
+        where = f"job {job.name}, stage {stage.name}"
+        if stage.function:
+            check_allowed_path(stage.function, f"{where}, function", allowed)
+        if stage.key:
+            check_allowed_path(stage.key, f"{where}, key", allowed)
 
 
 @dataclass(frozen=True)
@@ -120,15 +179,14 @@ class JobSpec:
     def from_proto(cls, spec: common_pb2.JobSpec) -> JobSpec:
         """Parses and validates the wire form; raises InvalidArgument."""
         stages = []
+        if len(spec.stages) > MAX_STAGES:
+            raise InvalidArgument(f"a job has at most {MAX_STAGES} stages, not "
+                                  f"{len(spec.stages)}")
         for i, s in enumerate(spec.stages):
+            where = f"stage {i} ({short(s.name) if s.name else 'unnamed'})"
             if s.kind not in KIND_NAMES:
-                raise InvalidArgument(f"stage {i} ({s.name or 'unnamed'}): unknown kind {s.kind}")
-            try:
-                initial = json.loads(s.initial_json) if s.initial_json else None
-            except json.JSONDecodeError as exc:
-                raise InvalidArgument(
-                    f"stage {s.name}: initial_json is not valid JSON: {exc}"
-                ) from None
+                raise InvalidArgument(f"{where}: unknown kind {s.kind}")
+            initial = _parse_initial(s.initial_json, where)
             stages.append(Stage(s.name, KIND_NAMES[s.kind], s.function, s.key, initial))
         delivery = DELIVERY_NAMES.get(spec.delivery or common_pb2.DELIVERY_MODE_EXACTLY_ONCE)
         if delivery is None:
@@ -150,6 +208,24 @@ class JobSpec:
         )
 
 
+def _parse_initial(text: str, where: str) -> Any:
+    """A stage's initial value from JSON, refusing texts too large or too deep
+    before the parser sees them."""
+    if not text:
+        return None
+    if len(text) > MAX_INITIAL_JSON_BYTES:
+        raise InvalidArgument(f"{where}: initial_json is {len(text)} bytes; at most "
+                              f"{MAX_INITIAL_JSON_BYTES}")
+    if json_nesting_depth(text) > MAX_NESTING:
+        raise InvalidArgument(f"{where}: initial_json is nested more than {MAX_NESTING} "
+                              "levels deep; flatten it")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidArgument(f"{where}: initial_json is not valid JSON: "
+                              f"{short(str(exc), 120)}") from None
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise InvalidArgument(message)
@@ -162,9 +238,14 @@ def validate(job: JobSpec) -> None:
              "letters, digits, '_', '.', '-'")
     _require(0 <= job.partitions <= MAX_PARTITIONS,
              f"job {job.name}: partitions must be between 1 and {MAX_PARTITIONS}")
-    _require(job.window_size >= 0, f"job {job.name}: window_size must be >= 1")
-    _require(job.tracking_timeout_s >= 0,
-             f"job {job.name}: tracking_timeout_s must be > 0 (or 0 for the cluster default)")
+    _require(0 <= job.window_size <= MAX_WINDOW_SIZE,
+             f"job {job.name}: window_size must be between 1 and {MAX_WINDOW_SIZE}")
+    _require(math.isfinite(job.tracking_timeout_s)
+             and 0 <= job.tracking_timeout_s <= MAX_TRACKING_TIMEOUT_S,
+             f"job {job.name}: tracking_timeout_s is {job.tracking_timeout_s!r}; it must be a "
+             f"finite number of seconds up to {MAX_TRACKING_TIMEOUT_S:g} (or 0 for the "
+             "cluster default)")
+    _require(len(job.stages) <= MAX_STAGES, f"job {job.name}: at most {MAX_STAGES} stages")
     _require(job.delivery in DELIVERY_MODES,
              f"job {job.name}: delivery must be one of {', '.join(DELIVERY_MODES)}")
     _require(len(job.stages) >= 1, f"job {job.name}: needs at least one stage (a sink)")
@@ -176,7 +257,10 @@ def validate(job: JobSpec) -> None:
         _require(stage.name not in seen, f"{where}: duplicate stage name")
         seen.add(stage.name)
         _require(stage.kind in STAGE_KINDS,
-                 f"{where}: unknown kind {stage.kind!r}; use one of {', '.join(STAGE_KINDS)}")
+                 f"{where}: unknown kind {short(stage.kind)}; use one of "
+                 f"{', '.join(STAGE_KINDS)}")
+        _require(nesting_depth(stage.initial) <= MAX_NESTING,
+                 f"{where}: initial is nested more than {MAX_NESTING} levels deep; flatten it")
         last = i == len(job.stages) - 1
         if stage.kind == "sink":
             _require(last, f"{where}: a sink must be the last stage")
@@ -185,7 +269,7 @@ def validate(job: JobSpec) -> None:
             continue
         _require(not last, f"{where}: the last stage must be a sink (kind = \"sink\")")
         _require(bool(_IMPORT_PATH.match(stage.function)),
-                 f"{where}: function {stage.function!r} must be an import path "
+                 f"{where}: function {short(stage.function)} must be an import path "
                  "'package.module:function'")
         if stage.keyed:
             _require(bool(_IMPORT_PATH.match(stage.key)),
@@ -194,8 +278,16 @@ def validate(job: JobSpec) -> None:
             _require(not stage.key, f"{where}: only reduce and stateful stages take a key")
 
 
-def resolve(path: str, where: str) -> Callable[..., Any]:
-    """Imports ``package.module:function``; raises InvalidArgument saying what failed."""
+def resolve(path: str, where: str, allowed: tuple[str, ...] | None = None
+            ) -> Callable[..., Any]:
+    """Imports ``package.module:function`` if the module is allowed (this
+    process's job modules unless ``allowed`` is given); raises
+    PermissionDenied before importing anything that is not, InvalidArgument
+    saying what failed otherwise. The function must also be defined in an
+    allowed module, so an allowed module cannot hand out ``os.system`` by
+    importing it."""
+    allowed = _allowed_modules if allowed is None else allowed
+    check_allowed_path(path, where, allowed)
     module_name, _, attr = path.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -209,17 +301,25 @@ def resolve(path: str, where: str) -> Callable[..., Any]:
         raise InvalidArgument(f"{where}: module {module_name!r} has no attribute {attr!r}")
     if not callable(target):
         raise InvalidArgument(f"{where}: {path!r} is not callable")
+    defined_in = getattr(target, "__module__", None)
+    if not isinstance(defined_in, str) or not module_allowed(defined_in, allowed):
+        raise PermissionDenied(
+            f"{where}: {path!r} is defined in {defined_in!r}, not in a module this cluster "
+            f"lets jobs use (cluster.job_modules = {list(allowed)})")
     return target  # type: ignore[no-any-return]
 
 
-def check_imports(job: JobSpec) -> None:
-    """Resolves every import path of a job, so a typo fails at submission."""
+def check_imports(job: JobSpec, allowed: tuple[str, ...] | None = None) -> None:
+    """Checks every import path against the allowed modules first, then
+    resolves each, so a typo fails at submission and a module that is not
+    allowed is never imported."""
+    check_allowed(job, allowed)
     for stage in job.stages:
         where = f"job {job.name}, stage {stage.name}"
         if stage.function:
-            resolve(stage.function, f"{where}, function")
+            resolve(stage.function, f"{where}, function", allowed)
         if stage.key:
-            resolve(stage.key, f"{where}, key")
+            resolve(stage.key, f"{where}, key", allowed)
 
 
 def plan_tasks(job: JobSpec) -> list[list[Stage]]:
@@ -265,15 +365,18 @@ def from_mapping(data: dict[str, Any], source: str = "job") -> JobSpec:
         ))
     partitions = head.get("partitions", 0)
     window = head.get("window_size", 0)
+    timeout = head.get("tracking_timeout_s", 0.0)
     _require(isinstance(partitions, int), f"{source}: partitions must be an integer")
     _require(isinstance(window, int), f"{source}: window_size must be an integer")
+    _require(isinstance(timeout, int | float) and not isinstance(timeout, bool),
+             f"{source}: tracking_timeout_s must be a number")
     job = JobSpec(
         name=str(head.get("name", "job")),
         stages=tuple(stages),
         partitions=partitions,
         delivery=str(head.get("delivery", "exactly_once")),
         window_size=window,
-        tracking_timeout_s=float(head.get("tracking_timeout_s", 0.0)),
+        tracking_timeout_s=float(timeout),
     )
     validate(job)
     return job

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -24,12 +25,17 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gridstream import rpc
+from gridstream.auth import create_cluster_secret, load_cluster_secret, write_private
 from gridstream.config import Config, SecurityConfig, to_toml
 from gridstream.service import RETIRED_EXIT_CODE
 
 log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+_PROCESS_SECRET = secrets.token_urlsafe(32)
+"""The cluster secret of every local cluster this process starts without one
+of its own: shared, so that the process can talk to all of them as a member."""
 
 
 @dataclass
@@ -167,15 +173,31 @@ class LocalCluster:
         self.members[name] = member
         return member
 
+    def _prepare_secret(self) -> None:
+        """Gives the cluster a secret file (mode 0600) unless its config names
+        one, and lets this process present it: members authenticate to one
+        another with it, and whoever started the cluster holds it."""
+        security = self.config.security
+        if not security.cluster_secret_file:
+            path = create_cluster_secret(self.run_dir / "cluster.secret", _PROCESS_SECRET)
+            security = replace(security, cluster_secret_file=str(path))
+            self.config = replace(self.config, security=security)
+        rpc.hold_member_secret(load_cluster_secret(security.cluster_secret_file))
+
+    def _write_config(self) -> None:
+        """cluster.toml may hold tokens and names the secret: owner-only."""
+        write_private(self.config_path, to_toml(self.config))
+
     async def start(self) -> LocalCluster:
         """Starts every process and waits until all are healthy."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._prepare_secret()
         scheduler = self._member(
             "scheduler", "scheduler",
             ["--host", self.host, "--port", str(self.scheduler_port),
              "--data-dir", str(self.run_dir / "scheduler")],
         )
-        self.config_path.write_text(to_toml(self.config))
+        self._write_config()
         self._spawn(scheduler)
         await self._await_ready(scheduler)
         self.scheduler_address = scheduler.address
@@ -183,7 +205,7 @@ class LocalCluster:
         port = self.scheduler_address.rsplit(":", 1)[1]
         scheduler.argv[scheduler.argv.index("--port") + 1] = port
         self.config = replace(self.config, scheduler_address=self.scheduler_address)
-        self.config_path.write_text(to_toml(self.config))
+        self._write_config()
         others = []
         for i in range(1, self.state_server_count + 1):
             others.append(self._member(

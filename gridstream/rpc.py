@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from gridstream.auth import load_cluster_secret, member_credentials
 from gridstream.config import SecurityConfig
 from gridstream.errors import GridstreamError
 
@@ -51,6 +52,8 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
 
 
 _process_security: SecurityConfig = SecurityConfig()
+_held_secret: str | None = None
+_secrets: dict[str, str] = {}
 
 
 def configure_security(security: SecurityConfig) -> None:
@@ -58,6 +61,26 @@ def configure_security(security: SecurityConfig) -> None:
     (services call it once at start, from their config)."""
     global _process_security
     _process_security = security
+
+
+def hold_member_secret(secret: str | None) -> None:
+    """Makes this process present ``secret`` as a member on the channels it
+    opens with its own settings when those name no secret file: the process
+    that starts a local cluster (``gridstream up``, tests, benchmarks) holds
+    that cluster's secret, as its members do."""
+    global _held_secret
+    _held_secret = secret
+
+
+def member_secret(security: SecurityConfig, own: bool) -> str | None:
+    """The cluster secret a channel presents: from ``cluster_secret_file``, or
+    the held one for channels opened with this process's own settings."""
+    path = security.cluster_secret_file
+    if path:
+        if path not in _secrets:
+            _secrets[path] = load_cluster_secret(path)
+        return _secrets[path]
+    return _held_secret if own else None
 
 
 def channel_credentials(security: SecurityConfig) -> grpc.ChannelCredentials:
@@ -76,12 +99,17 @@ def channel_credentials(security: SecurityConfig) -> grpc.ChannelCredentials:
 
 def open_channel(address: str, security: SecurityConfig | None = None) -> grpc.aio.Channel:
     """A channel with gridstream's keepalive and size settings: TLS when the
-    given (or this process's) security settings say so, plaintext otherwise."""
+    given (or this process's) security settings say so, plaintext otherwise;
+    every call carries the cluster secret when the settings hold one."""
+    own = security is None
     security = security or _process_security
+    secret = member_secret(security, own)
+    interceptors = member_credentials(secret) if secret else None
     if security.tls:
         return grpc.aio.secure_channel(address, channel_credentials(security),
-                                       options=CHANNEL_OPTIONS)
-    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+                                       options=CHANNEL_OPTIONS, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS,
+                                     interceptors=interceptors)
 
 
 def server_credentials(security: SecurityConfig) -> grpc.ServerCredentials:

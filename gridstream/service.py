@@ -23,8 +23,8 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from gridstream import rpc
-from gridstream.auth import TokenAuthInterceptor, load_tokens
-from gridstream.config import SecurityConfig
+from gridstream.auth import CallGuard, load_cluster_secret, load_tokens
+from gridstream.config import ConfigError, SecurityConfig, is_loopback
 from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -68,16 +68,25 @@ def setup_logging(name: str, json_logs: bool = False, level: int = logging.INFO)
 class ServiceHost:
     """A grpc.aio server with the standard health service and reflection.
 
-    Health is SERVING only between :meth:`start` and :meth:`stop`, so
-    supervisors and tests wait on it instead of sleeping.
+    Every call passes :class:`gridstream.auth.CallGuard` first: member calls
+    need the cluster secret (or an admin token), client calls a token with
+    the right one when the cluster has tokens, and a body that does not
+    decode is refused before any servicer sees it. Health is SERVING only
+    between :meth:`start` and :meth:`stop`, so supervisors and tests wait on
+    it instead of sleeping.
     """
 
     def __init__(self, service_names: list[str], security: SecurityConfig | None = None) -> None:
         self.security = security or SecurityConfig()
-        interceptors = []
-        if self.security.tokens_file:
-            interceptors.append(TokenAuthInterceptor(load_tokens(self.security.tokens_file)))
-        self.server = grpc.aio.server(options=rpc.SERVER_OPTIONS, interceptors=interceptors)
+        tokens = load_tokens(self.security.tokens_file) if self.security.tokens_file else None
+        secret = None
+        if self.security.cluster_secret_file:
+            try:
+                secret = load_cluster_secret(self.security.cluster_secret_file)
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"config key security.cluster_secret_file: {exc}") from None
+        self.server = grpc.aio.server(options=rpc.SERVER_OPTIONS,
+                                      interceptors=[CallGuard(secret, tokens)])
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
         self._service_names = service_names
@@ -87,7 +96,15 @@ class ServiceHost:
         self.port = 0
 
     async def start(self, host: str, port: int) -> int:
-        """Binds and starts; returns the bound port (useful with port 0)."""
+        """Binds and starts; returns the bound port (useful with port 0).
+        Without TLS, only a loopback interface unless security.plaintext_network
+        says otherwise: plaintext would show tokens and records to the network."""
+        if not self.security.tls and not self.security.plaintext_network \
+                and not is_loopback(host):
+            raise ConfigError(
+                f"refusing to serve plaintext on {host}: bind 127.0.0.1, turn on "
+                "security.tls, or set security.plaintext_network = true for a network you "
+                "trust")
         if self.security.tls:
             self.port = self.server.add_secure_port(
                 f"{host}:{port}", rpc.server_credentials(self.security))

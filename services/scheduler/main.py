@@ -9,7 +9,7 @@ import os
 import time
 from dataclasses import replace
 
-from gridstream import rpc
+from gridstream import jobspec, rpc
 from gridstream.config import Config, ConfigError, load_config
 from gridstream.metrics import MetricsServer
 from gridstream.service import ServiceHost, run_service, setup_logging, write_ready_file
@@ -47,7 +47,8 @@ def build_config(args: argparse.Namespace) -> Config:
         section = replace(section, port=args.port)
     if args.data_dir:
         section = replace(section, data_dir=args.data_dir)
-    return replace(config, scheduler=section).validate()
+    config = replace(config, scheduler=section).validate()
+    return config.check_service(config.scheduler.host)
 
 
 def detector_settings(config: Config) -> DetectorSettings:
@@ -81,8 +82,8 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
             log.info("scheduler serving on %s (pid %d), epoch %d, %d jobs, %d members",
                      address, os.getpid(), membership.epoch, len(registry.jobs),
                      len(membership.members))
-            metrics_address = metrics.start(config.scheduler.host, config.scheduler.metrics_port,
-                                            core.metrics)
+            metrics_address = metrics.start(config.scheduler.metrics_host,
+                                            config.scheduler.metrics_port, core.metrics)
             write_ready_file(ready_file, address=address, metrics=metrics_address)
             await stop.wait()
             log.info("scheduler draining")
@@ -104,4 +105,5 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"gridstream scheduler: {exc}") from None
     setup_logging("scheduler", config.log_json)
     rpc.configure_security(config.security)
+    jobspec.allow_job_modules(config.cluster.job_modules)
     run_service(lambda stop: serve(config, args.ready_file, stop))

@@ -19,7 +19,7 @@ from gridstream.errors import (
     NotFound,
     from_rpc_error,
 )
-from gridstream.jobspec import JobSpec
+from gridstream.jobspec import JobSpec, check_allowed
 from gridstream.metrics import Metric, counter, gauge
 from gridstream.rpc import servicer_method
 from gridstream.v1 import (
@@ -31,6 +31,7 @@ from gridstream.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
+from gridstream.validation import check_address, check_id, short
 from services.scheduler.jobs import JobRecord, JobRegistry
 from services.scheduler.membership import Membership, Transition
 from services.scheduler.progress import DrainVerdict, drain_verdict
@@ -86,6 +87,9 @@ class SchedulerCore:
             raise InvalidArgument("role must be MEMBER_ROLE_WORKER or MEMBER_ROLE_STATE_SERVER")
         if not request.node_id or not request.address or not request.incarnation:
             raise InvalidArgument("node_id, address and incarnation must all be set")
+        check_id(request.node_id, "node_id")
+        check_id(request.incarnation, "incarnation")
+        check_address(request.address)
         old = self.membership.members.get(request.node_id)
         old_state = old.state if old else 0
         if self.membership.register(request.node_id, request.role, request.address,
@@ -102,7 +106,8 @@ class SchedulerCore:
         """Starts retiring a state server; the epoch at which it stops taking writes."""
         old = self.membership.members.get(node_id)
         if old is None:
-            raise NotFound(f"unknown member {node_id!r}; see `gridstream status` for members")
+            raise NotFound(f"unknown member {short(node_id)}; see `gridstream status` for "
+                           "members")
         old_state = old.state
         try:
             record = self.membership.retire(node_id)
@@ -197,9 +202,10 @@ class SchedulerCore:
 
     def job(self, job_id: str) -> JobRecord:
         """A job's record; NotFound that says where to look for valid ids."""
+        check_id(job_id, "job_id")
         record = self.registry.jobs.get(job_id)
         if record is None:
-            raise NotFound(f"unknown job id {job_id!r}; list jobs with `gridstream status`")
+            raise NotFound(f"unknown job id {short(job_id)}; list jobs with `gridstream status`")
         return record
 
     async def submit(self, spec_proto: common_pb2.JobSpec) -> tuple[str, int]:
@@ -207,6 +213,7 @@ class SchedulerCore:
         fails the job) and registers it."""
         spec = JobSpec.from_proto(spec_proto).with_defaults(
             self.config.cluster.partitions, self.config.cluster.window_size)
+        check_allowed(spec, self.config.cluster.job_modules)  # before any worker imports
         workers = self.workers()
         if not workers:
             raise FailedPrecondition(
@@ -219,7 +226,8 @@ class SchedulerCore:
             try:
                 await stub.DeployJob(request, timeout=rpc.CONTROL_TIMEOUT_S)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                if exc.code() in (grpc.StatusCode.INVALID_ARGUMENT,
+                                  grpc.StatusCode.PERMISSION_DENIED):
                     return from_rpc_error(exc, f"worker {node_id}")
                 log.warning("deploying %s on %s failed (%s); it will deploy from the routing "
                             "table", record.job_id, node_id, exc.code().name)
@@ -231,7 +239,7 @@ class SchedulerCore:
             record.error = str(errors[0])
             await self.registry.put(record)
             await self._stop_on_workers(record.job_id)
-            raise InvalidArgument(str(errors[0]))
+            raise type(errors[0])(str(errors[0]))
         await self.registry.put(record)
         self._jobs_version += 1
         self.membership.bump(f"job {record.job_id} submitted")
@@ -350,6 +358,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
                         context: grpc.aio.ServicerContext) -> scheduler_pb2.HeartbeatResponse:
         """Feeds the failure detector; tells a member it must register again if
         it was declared dead."""
+        check_id(request.node_id, "node_id")
+        check_id(request.incarnation, "incarnation")
         known = self.core.membership.heartbeat(request.node_id, request.incarnation,
                                                time.monotonic())
         record = self.core.membership.members.get(request.node_id)
@@ -418,6 +428,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """Starts retiring a state server."""
         if not request.node_id:
             raise InvalidArgument("node_id is empty; name the state server to retire")
+        check_id(request.node_id, "node_id")
         return scheduler_pb2.RetireMemberResponse(epoch=await self.core.retire(request.node_id))
 
     @servicer_method
@@ -426,6 +437,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         """Removes a retired member that handed over everything."""
         if not request.node_id or not request.incarnation:
             raise InvalidArgument("node_id and incarnation must both be set")
+        check_id(request.node_id, "node_id")
+        check_id(request.incarnation, "incarnation")
         return scheduler_pb2.DeregisterResponse(
             epoch=await self.core.deregister(request.node_id, request.incarnation))
 

@@ -100,7 +100,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Options:
         )
         if args.scheduler is not None:
             config = dataclasses.replace(config, scheduler_address=args.scheduler)
-        config.validate()
+        config.validate().check_service(config.stateserver.host)
     except ConfigError as exc:
         parser.error(str(exc))
     if not 0 <= config.stateserver.port <= 65535:
@@ -198,7 +198,8 @@ async def serve(options: Options, stop: asyncio.Event) -> bool:
                 lambda: agent.incarnation, on_retired,
             )
         metrics = MetricsServer()
-        metrics_address = metrics.start(settings.host, settings.metrics_port, figures.metrics)
+        metrics_address = metrics.start(settings.metrics_host, settings.metrics_port,
+                                        figures.metrics)
         stopped = False
         try:
             async with asyncio.TaskGroup() as tasks:

@@ -8,11 +8,13 @@ message saying which entry is wrong and how, before anything is stored.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from gridstream.codec import pack, unpack
 from gridstream.errors import InvalidArgument
+from gridstream.validation import short
 from services.stateserver.layout import DeadLetter, ResultRow
 
 _ROW_FIELDS = ("key", "json_value")
@@ -61,11 +63,17 @@ def _describe(entry: Any) -> str:
 
 
 def decode_rows(data: bytes, count: int) -> list[ResultRow]:
-    """Result rows from WriteResults: a msgpack array of [key, json_value] string pairs."""
-    return [
-        (key, value)
-        for key, value in _decode_entries(data, count, _ROW_FIELDS, "rows", "row_count")
-    ]
+    """Result rows from WriteResults: a msgpack array of [key, json_value] string
+    pairs, each value valid JSON (readers parse what is stored, so a value
+    that is not JSON is refused here rather than failing every later read)."""
+    rows = _decode_entries(data, count, _ROW_FIELDS, "rows", "row_count")
+    for index, (_key, value) in enumerate(rows):
+        try:
+            json.loads(value)
+        except (ValueError, RecursionError):
+            raise InvalidArgument(f"rows[{index}]: json_value {short(value)} is not valid "
+                                  "JSON; nothing stored") from None
+    return [(key, value) for key, value in rows]
 
 
 def decode_dead_letters(data: bytes, count: int) -> list[DeadLetter]:

@@ -18,6 +18,7 @@ from gridstream.faults import write_delay_s
 from gridstream.rpc import servicer_method
 from gridstream.v1 import stateserver_pb2 as pb
 from gridstream.v1 import stateserver_pb2_grpc
+from gridstream.validation import check_id, check_path_id
 from services.stateserver.directory import JobDirectory
 from services.stateserver.layout import SnapshotMeta
 from services.stateserver.rows import decode_dead_letters, decode_rows, encode_entries
@@ -33,9 +34,14 @@ _MAX_SQLITE_INT = 2**63 - 1
 
 
 def _require(value: str, name: str) -> None:
-    """Refuses an empty identifier with a message naming the field."""
+    """Refuses an empty or malformed identifier with a message naming the
+    field (job ids are plain ids, operator ids ``job/t<task>/p<partition>``)."""
     if not value:
         raise InvalidArgument(f"{name} is empty; set it (nothing was done)")
+    if name.endswith("job_id"):
+        check_id(value, name)
+    else:
+        check_path_id(value, name)
 
 
 def _require_int(value: int, name: str) -> None:
@@ -127,6 +133,7 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
     ) -> pb.ListSnapshotsResponse:
         """Metadata of a job's snapshots, of one operator or all."""
         _require(request.job_id, "job_id")
+        check_path_id(request.operator_id, "operator_id", required=False)
         metas = await self._store.list_snapshots(request.job_id, request.operator_id)
         return pb.ListSnapshotsResponse(snapshots=[_meta_to_pb(meta) for meta in metas])
 
@@ -136,6 +143,7 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
     ) -> pb.DeleteSnapshotsResponse:
         """Deletes a job's snapshots, optionally of one operator and below a window."""
         _require(request.job_id, "job_id")
+        check_path_id(request.operator_id, "operator_id", required=False)
         _require_int(request.below_window, "below_window")
         deleted = await self._store.delete_snapshots(
             request.job_id, request.operator_id, request.below_window
@@ -200,6 +208,7 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
         self, request: pb.DigestRequest, context: grpc.aio.ServicerContext
     ) -> pb.DigestResponse:
         """Per operator: newest window, highest result version, fence; and totals."""
+        check_id(request.job_id, "job_id", required=False)
         holdings = await self._store.holdings(request.job_id)
         stats = await self._store.stats()
         return pb.DigestResponse(

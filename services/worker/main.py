@@ -9,7 +9,7 @@ import logging
 import os
 from dataclasses import replace
 
-from gridstream import rpc
+from gridstream import jobspec, rpc
 from gridstream.config import Config, ConfigError, load_config
 from gridstream.metrics import MetricsServer
 from gridstream.routing import RoutingView
@@ -57,7 +57,7 @@ def build_config(args: argparse.Namespace) -> Config:
     config = replace(config, worker=worker)
     if args.scheduler:
         config = replace(config, scheduler_address=args.scheduler)
-    return config.validate()
+    return config.validate().check_service(config.worker.host)
 
 
 async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> None:
@@ -82,8 +82,8 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
                                 node.fence)
             agent_task = group.create_task(agent.run(), name="heartbeats")
             trackers_task = group.create_task(node.trackers.run(), name="trackers")
-            metrics_address = metrics.start(config.worker.host, config.worker.metrics_port,
-                                            node.metrics)
+            metrics_address = metrics.start(config.worker.metrics_host,
+                                            config.worker.metrics_port, node.metrics)
             log.info("worker %s serving on %s (pid %d)", node_id, address, os.getpid())
             write_ready_file(ready_file, address=address, node_id=node_id,
                              metrics=metrics_address)
@@ -110,4 +110,5 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"gridstream worker: {exc}") from None
     setup_logging(f"worker[{config.worker.node_id}]", config.log_json)
     rpc.configure_security(config.security)
+    jobspec.allow_job_modules(config.cluster.job_modules)
     run_service(lambda stop: serve(config, args.ready_file, stop))

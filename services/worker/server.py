@@ -6,13 +6,53 @@ from __future__ import annotations
 import grpc
 
 from gridstream import codec
-from gridstream.errors import GridstreamError, InvalidArgument, ResourceExhausted, StaleEpoch
+from gridstream.auth import caller_is_member
+from gridstream.errors import (
+    GridstreamError,
+    InvalidArgument,
+    PermissionDenied,
+    ResourceExhausted,
+    StaleEpoch,
+)
+from gridstream.jobspec import JobSpec, check_allowed
 from gridstream.rpc import servicer_method
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
+from gridstream.validation import (
+    MAX_CLIENT_SEQUENCE,
+    SOURCE_CHANNEL_PREFIX,
+    check_id,
+    check_nesting,
+    check_path_id,
+)
 from services.worker.node import WorkerNode
 from services.worker.queues import ContainerClosed
 
 _MARGIN_S = 0.2
+
+
+def check_client_segment(index: int, segment: worker_pb2.Segment) -> None:
+    """Clients write only to a job's sources: the first task, on a channel of
+    their own (``src/<producer>``), below the sequences reserved for the
+    cluster, as their own roots. Anything else is how one worker hands a batch
+    to the next task, and only members may do it."""
+    where = f"segment {index}"
+    if segment.task != 0:
+        raise PermissionDenied(
+            f"{where}: clients write only to a job's source (task 0), not task {segment.task}; "
+            "later tasks are fed by the cluster (nothing was appended)")
+    if not segment.channel.startswith(SOURCE_CHANNEL_PREFIX):
+        raise PermissionDenied(
+            f"{where}: client channels are 'src/<producer>'; other channels are internal to "
+            "the cluster (nothing was appended)")
+    check_path_id(segment.channel, f"{where}: channel")
+    if segment.sequence > MAX_CLIENT_SEQUENCE:
+        raise PermissionDenied(
+            f"{where}: sequence {segment.sequence} is in the range reserved for the cluster "
+            f"(above {MAX_CLIENT_SEQUENCE}); number client batches from 1 (nothing was "
+            "appended)")
+    if segment.root:
+        raise PermissionDenied(f"{where}: root is set by the cluster; clients leave it 0 "
+                               "(nothing was appended)")
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -29,6 +69,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """Checks every segment first, then appends them; answers once each is committed."""
         if not request.job_id:
             raise InvalidArgument("job_id is empty; name the job the batch is for")
+        check_id(request.job_id, "job_id")
+        member = caller_is_member.get()
+        if request.sender and not member:
+            raise PermissionDenied("only workers set sender; clients leave it empty "
+                                   "(nothing was appended)")
         size = request.ByteSize()
         if size > self.max_batch_bytes:
             raise ResourceExhausted(
@@ -41,10 +86,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 raise InvalidArgument(
                     f"segment {i}: channel must be set and sequence start at 1"
                 )
+            if not member:
+                check_client_segment(i, segment)
             try:
                 keys, values = codec.decode_batch(segment.batch)
             except codec.PayloadError as exc:
                 raise InvalidArgument(f"segment {i}: {exc}; nothing was appended") from None
+            if not member:
+                check_nesting(values, f"segment {i}: record")
+                if keys is not None:
+                    check_nesting(keys, f"segment {i}: key")
             runner = await self.node.runner_for(
                 request.job_id, segment.task, segment.partition, request.epoch
             )
@@ -85,9 +136,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def DeployJob(
         self, request: worker_pb2.DeployJobRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.DeployJobResponse:
-        """Imports a job's operators here so its records can be accepted."""
+        """Imports a job's operators here so its records can be accepted, once
+        every import path is found in the modules this cluster allows."""
         if not request.job_id:
             raise InvalidArgument("job_id is empty")
+        check_id(request.job_id, "job_id")
+        check_allowed(JobSpec.from_proto(request.spec), self.node.config.cluster.job_modules)
         self.node.deploy(request.job_id, request.spec)
         return worker_pb2.DeployJobResponse()
 
@@ -96,6 +150,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.StopJobRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.StopJobResponse:
         """Stops a job's tasks on this worker."""
+        check_id(request.job_id, "job_id")
         await self.node.stop_job(request.job_id)
         return worker_pb2.StopJobResponse()
 
@@ -106,12 +161,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """Holds a primary's appends (or full copy) as a backup."""
         if not request.job_id or not request.primary:
             raise InvalidArgument("job_id and primary must be set")
+        check_id(request.job_id, "job_id")
+        check_id(request.primary, "primary")
         return worker_pb2.ReplicateResponse(next_offset=self.node.backups.replicate(request))
 
+    @servicer_method
     async def FetchContainer(  # type: ignore[override]
         self, request: worker_pb2.FetchContainerRequest, context: grpc.aio.ServicerContext
     ) -> None:
         """Streams a container's committed log to its new owner."""
+        check_id(request.job_id, "job_id")
         try:
             chunks = await self.node.fetch_container(
                 (request.job_id, request.task, request.partition), request.epoch
@@ -127,6 +186,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.GetTaskProgressRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.GetTaskProgressResponse:
         """Counters of the job's tasks hosted here."""
+        check_id(request.job_id, "job_id")
         return worker_pb2.GetTaskProgressResponse(
             tasks=self.node.progress(request.job_id), epoch=self.node.routing.epoch
         )
@@ -138,6 +198,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """Applies a task's tracking report to a tracker hosted here."""
         if not request.job_id:
             raise InvalidArgument("job_id is empty; name the job the roots belong to")
+        check_id(request.job_id, "job_id")
+        check_id(request.node_id, "node_id", required=False)
+        check_path_id(request.reporter, "reporter", required=False)
         if len(request.roots) % 8 or len(request.roots) != len(request.values):
             raise InvalidArgument("roots and values must be little-endian uint64 arrays of "
                                   "the same length; nothing applied")
@@ -149,6 +212,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.TrackingEventsRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.TrackingEventsResponse:
         """Completed, failed and to-be-rebuilt roots, for this worker's tasks."""
+        check_id(request.job_id, "job_id")
         for name in ("completed", "failed", "collect"):
             if len(getattr(request, name)) % 8:
                 raise InvalidArgument(f"{name} must be a little-endian uint64 array")

@@ -11,12 +11,17 @@ import pytest_asyncio
 
 from gridstream.client import Client
 from gridstream.config import ClusterConfig, Config
+from gridstream.jobspec import DEFAULT_JOB_MODULES
 from gridstream.local import LocalCluster
+
+TEST_JOB_MODULES = (*DEFAULT_JOB_MODULES, "tests.integration")
+"""The test clusters also let jobs name the operators under tests/integration."""
 
 
 def small_config() -> Config:
     """Small windows and partitions so a short test crosses many windows."""
-    return replace(Config(), cluster=ClusterConfig(window_size=2_000, partitions=8))
+    return replace(Config(), cluster=ClusterConfig(window_size=2_000, partitions=8,
+                                                   job_modules=TEST_JOB_MODULES))
 
 
 @pytest_asyncio.fixture(scope="module")

@@ -43,8 +43,10 @@ async def test_malformed_job_file(client: Client, tmp_path: Path) -> None:
 
 
 async def test_import_path_that_does_not_resolve(client: Client) -> None:
-    spec = JobSpec("broken", (Stage("a", "map", "no_such_package.mod:fn"), Stage("s", "sink")))
-    with pytest.raises(InvalidArgument, match=r"cannot import module 'no_such_package\.mod'"):
+    spec = JobSpec("broken", (Stage("a", "map", "tests.integration.no_such_mod:fn"),
+                              Stage("s", "sink")))
+    with pytest.raises(InvalidArgument,
+                       match=r"cannot import module 'tests\.integration\.no_such_mod'"):
         await client.submit(spec)
     spec = JobSpec("broken", (Stage("a", "map", "gridstream.builtins:missing"), Stage("s", "sink")))
     with pytest.raises(InvalidArgument, match="has no attribute 'missing'"):

@@ -23,8 +23,9 @@ import msgpack
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gridstream.auth import create_cluster_secret
 from gridstream.ids import checksum
-from gridstream.rpc import open_channel
+from gridstream.rpc import hold_member_secret, open_channel
 from gridstream.v1 import stateserver_pb2 as pb
 from gridstream.v1 import stateserver_pb2_grpc
 
@@ -127,14 +128,28 @@ def _open_log(ready_file: Path, log_path: Path) -> IO[bytes]:
     return log_path.open("ab")
 
 
+MEMBER_SECRET = "a-cluster-secret-for-the-state-server-tests"
+"""The services started here and this process share it, as members do."""
+
+
+def member_secret_file(directory: Path) -> Path:
+    """Writes the tests' cluster secret (mode 0600) and makes this process present it."""
+    hold_member_secret(MEMBER_SECRET)
+    return create_cluster_secret(directory / "cluster.secret", MEMBER_SECRET)
+
+
 async def start_service(module: str, args: Sequence[str], ready_file: Path, log_path: Path,
                         service: str, timeout_s: float = START_TIMEOUT_S) -> ServiceProcess:
     """Starts ``python -m module args`` in the repository, waits for its ready file
-    and for its health check to say SERVING; never sleeps a fixed time."""
+    and for its health check to say SERVING; never sleeps a fixed time. The
+    service authenticates members with the tests' cluster secret."""
+    secret = member_secret_file(ready_file.parent)
     with _open_log(ready_file, log_path) as log:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", module, *args, "--ready-file", str(ready_file),
-            cwd=REPO, stdout=log, stderr=log, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            cwd=REPO, stdout=log, stderr=log,
+            env={**os.environ, "PYTHONUNBUFFERED": "1",
+                 "GRIDSTREAM_SECURITY_CLUSTER_SECRET_FILE": str(secret)},
         )
     try:
         ready = await wait_for_ready_file(ready_file, proc, log_path, timeout_s)

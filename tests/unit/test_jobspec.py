@@ -76,8 +76,10 @@ def test_bad_toml_file_is_reported(tmp_path: Path) -> None:
 
 
 def test_unresolvable_import_paths_are_named() -> None:
-    missing_module = JobSpec("j", (Stage("a", "map", "no_such_module_xyz:f"), Stage("s", "sink")))
-    with pytest.raises(InvalidArgument, match="cannot import module 'no_such_module_xyz'"):
+    missing_module = JobSpec("j", (Stage("a", "map", "gridstream.examples.no_such_module_xyz:f"),
+                                   Stage("s", "sink")))
+    with pytest.raises(InvalidArgument,
+                       match=r"cannot import module 'gridstream\.examples\.no_such_module_xyz'"):
         check_imports(missing_module)
     missing_attr = JobSpec("j", (Stage("a", "map", "gridstream.builtins:nope"), Stage("s", "sink")))
     with pytest.raises(InvalidArgument, match="has no attribute 'nope'"):

@@ -1,0 +1,154 @@
+"""Limits every service applies to what callers send, in one place.
+
+A request comes from the network, so nothing in it is trusted: ids are
+checked against a character set and a length before they reach a dict key, a
+log line, a file or an error message; numbers must be finite and in range;
+nested values must stay below a documented depth so that no recursive code
+(repr, json, msgpack, the user's own) can overflow the stack on them. Every
+refusal is an :class:`InvalidArgument` whose message echoes at most a short
+prefix of what was sent, so an error can never be larger than gRPC's
+metadata limit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from gridstream.errors import InvalidArgument
+
+MAX_ID_CHARS = 128
+"""Longest job id, node id, incarnation or producer name accepted."""
+
+MAX_PATH_ID_CHARS = 256
+"""Longest slash-separated id (operator ids, channels)."""
+
+MAX_NESTING = 100
+"""Deepest nesting of lists and maps accepted in a record (and in a stage's
+``initial`` value): a value inside 100 nested lists is refused with
+INVALID_ARGUMENT at ingest, before it reaches an operator."""
+
+ECHO_CHARS = 40
+"""How much of a refused value an error message repeats."""
+
+MAX_CLIENT_SEQUENCE = 2**62 - 1
+"""Highest sequence a client may give a batch; the range above is reserved
+for the cluster's own channels and replays."""
+
+SOURCE_CHANNEL_PREFIX = "src/"
+"""Channels of clients (the SDK, the Spark bridge): ``src/<producer>``."""
+
+_ID = re.compile(r"^[A-Za-z0-9_.:@+=-]+$")
+_ADDRESS = re.compile(r"^[A-Za-z0-9_.:\[\]%-]{1,255}$")
+
+
+def short(value: str | bytes, limit: int = ECHO_CHARS) -> str:
+    """``repr`` of a value cut to ``limit`` characters, saying how long it was."""
+    if len(value) <= limit:
+        return repr(value)
+    return f"{value[:limit]!r}... ({len(value)} characters)"
+
+
+def check_id(value: str, name: str, *, required: bool = True,
+             limit: int = MAX_ID_CHARS) -> str:
+    """An identifier: 1..limit characters of letters, digits and ``_.:@+=-``,
+    not ``.`` or ``..`` (never a path)."""
+    if not value:
+        if required:
+            raise InvalidArgument(f"{name} is empty; set it (nothing was done)")
+        return value
+    if len(value) > limit or not _ID.match(value) or value in (".", ".."):
+        raise InvalidArgument(
+            f"{name} {short(value)} is not a valid id: use 1-{limit} letters, digits or "
+            "'_.:@+=-' (nothing was done)")
+    return value
+
+
+def check_path_id(value: str, name: str, *, required: bool = True,
+                  limit: int = MAX_PATH_ID_CHARS) -> str:
+    """A slash-separated id (``job/t0/p3``, ``src/producer``): each part an id,
+    no empty, ``.`` or ``..`` part."""
+    if not value:
+        if required:
+            raise InvalidArgument(f"{name} is empty; set it (nothing was done)")
+        return value
+    if len(value) > limit or not all(
+            part and part not in (".", "..") and _ID.match(part) for part in value.split("/")):
+        raise InvalidArgument(
+            f"{name} {short(value)} is not a valid id: use 1-{limit} characters of "
+            "slash-separated parts of letters, digits or '_.:@+=-' (nothing was done)")
+    return value
+
+
+def check_address(value: str, name: str = "address") -> str:
+    """A ``host:port`` members dial."""
+    host, _, port = value.rpartition(":")
+    if not _ADDRESS.match(value) or not host or not port.isdigit() or int(port) > 65535:
+        raise InvalidArgument(f"{name} {short(value)} is not host:port (nothing was done)")
+    return value
+
+
+def check_number(value: float, name: str, low: float, high: float) -> float:
+    """A finite number within [low, high]."""
+    if not math.isfinite(value) or not low <= value <= high:
+        raise InvalidArgument(f"{name} is {value!r}; it must be a finite number between "
+                              f"{low:g} and {high:g}")
+    return value
+
+
+def nesting_depth(value: Any, limit: int = MAX_NESTING) -> int:
+    """Depth of nested lists, tuples and dicts in ``value`` (a scalar is 0),
+    counted without recursion and given up at ``limit + 1``."""
+    if not isinstance(value, list | tuple | dict):
+        return 0
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                return deepest
+        children: Iterable[Any] = (
+            [*item.keys(), *item.values()] if isinstance(item, dict) else item)
+        for child in children:
+            if isinstance(child, list | tuple | dict):
+                stack.append((child, depth + 1))
+    return deepest
+
+
+def check_nesting(values: Iterable[Any], what: str, limit: int = MAX_NESTING) -> None:
+    """Refuses the first value nested deeper than ``limit``, naming its index."""
+    for index, value in enumerate(values):
+        if isinstance(value, list | tuple | dict) and nesting_depth(value, limit) > limit:
+            raise InvalidArgument(
+                f"{what} {index} is nested more than {limit} levels deep (the limit for "
+                "records and initial values); flatten it (nothing was accepted)")
+
+
+def json_nesting_depth(text: str, limit: int = MAX_NESTING) -> int:
+    """Depth of ``[``/``{`` nesting of a JSON text, without parsing it (so a
+    text nested 100,000 deep cannot exhaust the parser's stack)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > limit:
+                    return deepest
+        elif char in "]}":
+            depth -= 1
+    return deepest
