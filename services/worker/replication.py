@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from gridstream.errors import from_rpc_error
+from gridstream.faults import FAULTS
 from gridstream.routing import RoutingView
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 from services.worker.peers import Channels
@@ -161,6 +162,11 @@ class Replicator:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            if FAULTS.ack_before_replicate:
+                # The broken build acknowledges at once; lagging copies make the
+                # window in which a kill loses acknowledged batches wide enough
+                # for the checker to see it every time.
+                await asyncio.sleep(0.5)
             epoch = self.routing.epoch
             # The end and the sequence map are captured together, with no await
             # between, so a full copy never claims a sequence it does not hold.

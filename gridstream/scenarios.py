@@ -1,0 +1,230 @@
+"""Fault sequences against a running history job, judged by the history checker.
+
+A scenario is a list of :class:`Step` s, each at a time after streaming
+started: kill or pause workers, kill several at once, kill the scheduler or a
+state server. Steps do not wait for the cluster to heal in between (that is
+the point: real faults come in sequences). The input streams the whole time;
+each fault records whether records were in flight when it landed, how long
+the scheduler took to declare its victims dead, and how long until a batch
+sent after it was acknowledged. At the end the job must drain, and
+:func:`gridstream.checker.check_history` must find every key exact.
+
+Only processes this run started are signalled, by PID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gridstream.checker import HistoryVerdict, check_history
+from gridstream.client import Client
+from gridstream.config import Config
+from gridstream.errors import DataLoss, DeadlineExceeded, Unavailable
+from gridstream.examples import history
+from gridstream.local import LocalCluster
+from gridstream.v1 import scheduler_pb2
+
+DEAD = scheduler_pb2.MEMBER_STATE_DEAD
+
+
+@dataclass(frozen=True)
+class Step:
+    """One fault of a scenario.
+
+    ``kind``: ``kill`` (SIGKILL ``victims`` workers, ``gap_s`` apart),
+    ``pause`` (SIGSTOP a worker for ``pause_s``, then SIGCONT), ``scheduler``
+    (SIGKILL the scheduler) or ``state`` (SIGKILL a state server).
+    """
+
+    kind: str
+    at_s: float
+    victims: int = 1
+    gap_s: float = 0.0
+    pause_s: float = 0.0
+
+
+@dataclass
+class FaultRecord:
+    """What one step did and what it cost."""
+
+    kind: str
+    victims: list[str]
+    wall_at: float
+    mono_at: float
+    in_flight: bool
+    detected_s: float | None = None
+    resumed_s: float | None = None
+
+
+@dataclass
+class HistoryRun:
+    """The outcome of a scenario."""
+
+    faults: list[FaultRecord] = field(default_factory=list)
+    verdict: HistoryVerdict = field(default_factory=HistoryVerdict)
+    losses: list[str] = field(default_factory=list)
+    wrongly_convicted: list[str] = field(default_factory=list)
+    records: int = 0
+    seconds: float = 0.0
+
+    def table(self) -> str:
+        """Faults with detection and resume times, then the verdict."""
+        lines = [f"{'#':>3} {'fault':<10} {'victims':<22} {'in flight':>9} "
+                 f"{'detected (s)':>13} {'resumed (s)':>12}"]
+        for i, f in enumerate(self.faults, 1):
+            detected = "-" if f.detected_s is None else f"{f.detected_s:.2f}"
+            resumed = "-" if f.resumed_s is None else f"{f.resumed_s:.2f}"
+            lines.append(f"{i:>3} {f.kind:<10} {','.join(f.victims):<22} "
+                         f"{'yes' if f.in_flight else 'no':>9} {detected:>13} {resumed:>12}")
+        for label, values in (
+            ("detection", [f.detected_s for f in self.faults if f.detected_s is not None]),
+            ("resume", [f.resumed_s for f in self.faults if f.resumed_s is not None]),
+        ):
+            if values:
+                lines.append(f"{label}: median {statistics.median(values):.2f} s, "
+                             f"max {max(values):.2f} s over {len(values)} faults")
+        lines.append(f"{self.records:,} records in {self.seconds:.1f} s; "
+                     f"{self.verdict.summary()}")
+        if self.losses:
+            lines.append("named losses: " + "; ".join(self.losses))
+        if self.wrongly_convicted:
+            lines.append("convicted while alive: " + ", ".join(self.wrongly_convicted))
+        return "\n".join(lines)
+
+
+class Sender:
+    """Streams the input in chunks and notes when each chunk was acknowledged."""
+
+    def __init__(self, client: Client, job_id: str, keys: list[str], values: list[Any],
+                 seconds: float, chunk: int) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.keys = keys
+        self.values = values
+        self.seconds = seconds
+        self.chunk = chunk
+        self.acked = 0
+        self.busy = False
+        self.acks: list[tuple[float, float]] = []
+        """(monotonic start of the send, monotonic time it was acknowledged)."""
+
+    async def run(self) -> None:
+        """Sends everything, spread over about ``seconds``."""
+        chunks = max(1, (len(self.values) + self.chunk - 1) // self.chunk)
+        pause = self.seconds / chunks
+        for start in range(0, len(self.values), self.chunk):
+            end = start + self.chunk
+            began = time.monotonic()
+            self.busy = True
+            await self.client.send(self.job_id, self.values[start:end], self.keys[start:end])
+            self.busy = False
+            self.acked = min(end, len(self.values))
+            self.acks.append((began, time.monotonic()))
+            await asyncio.sleep(pause)
+
+    def in_flight(self) -> bool:
+        """Whether a send is under way and input remains."""
+        return self.busy and self.acked < len(self.values)
+
+    def resumed_after(self, moment: float) -> float | None:
+        """Seconds from ``moment`` to the acknowledgement of the first chunk
+        sent after it, if any."""
+        later = [acked for began, acked in self.acks if began >= moment]
+        return min(later) - moment if later else None
+
+
+async def _dead_events(client: Client, since_wall: float) -> list[tuple[str, float]]:
+    try:
+        status = await client.status()
+    except (Unavailable, DeadlineExceeded):
+        return []
+    return [(e.node_id, e.at) for e in status.events
+            if e.at >= since_wall and e.new_state == DEAD]
+
+
+async def run_history(
+    steps: list[Step],
+    run_dir: Path,
+    records: int = 60_000,
+    keys: int = 200,
+    stream_s: float = 20.0,
+    chunk: int = 1_000,
+    workers: int = 3,
+    config: Config | None = None,
+    extra_env: dict[str, str] | None = None,
+    seed: int = 0,
+    drain_timeout_s: float = 180.0,
+) -> HistoryRun:
+    """Runs the history job on a fresh supervised local cluster through the
+    scenario; returns the faults and the checker's verdict."""
+    rng = random.Random(seed)
+    send_keys, values = history.generate(records, keys, seed)
+    sent = history.sent_counts(values)
+    run = HistoryRun(records=len(values))
+    cluster = LocalCluster(run_dir, config, workers=workers, state_servers=2, supervise=True,
+                           restart_delay_s=1.0, extra_env=extra_env)
+    async with cluster, Client(cluster.scheduler_address, batch_size=250,
+                               security=cluster.config.security) as client:
+        job_id = await client.submit(history.job())
+        sender = Sender(client, job_id, send_keys, values, stream_s, chunk)
+        started = time.monotonic()
+        wall_started = time.time()
+        sending = asyncio.create_task(sender.run(), name="history sender")
+        try:
+            for step in sorted(steps, key=lambda s: s.at_s):
+                delay = started + step.at_s - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                run.faults.append(await _inject(cluster, step, rng, sender))
+            await sending
+        finally:
+            if not sending.done():
+                sending.cancel()
+        try:
+            progress = await client.drain(job_id, timeout_s=drain_timeout_s)
+            run.losses = list(progress.losses)
+        except DataLoss as exc:  # named, not silent: the caller decides
+            run.losses = [str(exc)]
+        run.seconds = time.monotonic() - started
+        actual = await client.results(job_id)
+        events = await _dead_events(client, wall_started)
+    victims = {v for f in run.faults if f.kind in ("kill", "pause") for v in f.victims}
+    run.wrongly_convicted = sorted({n for n, _ in events if n not in victims})
+    for fault in run.faults:
+        times = [at - fault.wall_at for n, at in events if n in fault.victims
+                 and at >= fault.wall_at]
+        fault.detected_s = min(times) if times else None
+        fault.resumed_s = sender.resumed_after(fault.mono_at)
+    run.verdict = check_history(actual, sent)
+    return run
+
+
+async def _inject(cluster: LocalCluster, step: Step, rng: random.Random,
+                  sender: Sender) -> FaultRecord:
+    workers = sorted(n for n, m in cluster.members.items() if m.role == "worker")
+    if step.kind == "scheduler":
+        victims = ["scheduler"]
+    elif step.kind == "state":
+        victims = [rng.choice(sorted(n for n, m in cluster.members.items()
+                                     if m.role == "stateserver"))]
+    else:
+        victims = rng.sample(workers, min(step.victims, len(workers)))
+    record = FaultRecord(step.kind, victims, time.time(), time.monotonic(), sender.in_flight())
+    if step.kind == "pause":
+        cluster.kill(victims[0], signal.SIGSTOP)
+        await asyncio.sleep(step.pause_s)
+        cluster.kill(victims[0], signal.SIGCONT)
+        return record
+    for i, victim in enumerate(victims):
+        if i and step.gap_s:
+            await asyncio.sleep(step.gap_s)
+        if cluster.members[victim].alive():
+            cluster.kill(victim, signal.SIGKILL)
+    return record
