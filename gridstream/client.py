@@ -193,13 +193,21 @@ class Client:
                 )
             )
             if progress.drained and totals == previous:
+                if progress.losses:
+                    raise DataLoss(
+                        f"job {job_id} drained, but acknowledged records were lost (more "
+                        "simultaneous failures than cluster.backup_count allows): "
+                        + "; ".join(progress.losses[:10])
+                        + (f"; and {len(progress.losses) - 10} more"
+                           if len(progress.losses) > 10 else ""))
                 return progress
             previous = totals if progress.drained else None
             if time.monotonic() > deadline:
                 raise DeadlineExceeded(
-                    f"job {job_id} did not drain within {timeout_s:.0f}s; "
-                    "see `gridstream status` for queue depths"
-                )
+                    f"job {job_id} did not drain within {timeout_s:.0f}s; still holding it: "
+                    f"{progress.holding or 'counters still changing'}"
+                    + (f"; lost: {'; '.join(progress.losses[:5])}" if progress.losses else "")
+                    + "; see `gridstream status --job` for every task")
             await asyncio.sleep(poll_s)
 
     # -- data -------------------------------------------------------------

@@ -53,6 +53,8 @@ class SchedulerCore:
         self.membership = membership
         self.tables = RoutingTables(config.cluster.virtual_nodes)
         self.events: collections.deque[scheduler_pb2.MemberEvent] = collections.deque(maxlen=50)
+        self.losses: dict[str, set[str]] = {}
+        """job -> data-loss lines its tasks reported (since this scheduler started)."""
         self._channels = rpc.ChannelPool()
         self._jobs_version = 0
         self._saved_epoch = membership.epoch
@@ -311,8 +313,17 @@ class SchedulerCore:
             verdict = drain_verdict(record.spec, tasks)
         if not verdict.drained:
             log.debug("%s not drained: %s", job_id, verdict.reason)
+        # Losses are remembered here too: the task that noticed one may move
+        # (its in-memory list goes with it; the dead-letter rows stay).
+        known = self.losses.setdefault(job_id, set())
+        for task in tasks:
+            for loss in task.losses:
+                if loss not in known:
+                    known.add(loss)
+                    log.error("job %s: DATA LOSS %s", job_id, loss)
         return scheduler_pb2.JobProgress(job_id=job_id, tasks=tasks, drained=verdict.drained,
-                                         epoch=epoch)
+                                         epoch=epoch, holding=verdict.reason,
+                                         losses=sorted(known))
 
     def status(self) -> scheduler_pb2.ClusterStatus:
         """Members with their shares and phi, jobs and recent events."""

@@ -13,6 +13,7 @@ from gridstream.errors import (
     PermissionDenied,
     ResourceExhausted,
     StaleEpoch,
+    Unavailable,
 )
 from gridstream.jobspec import JobSpec, check_allowed
 from gridstream.rpc import servicer_method
@@ -110,9 +111,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             try:
                 accepted = await runner.accept(
                     segment.channel, segment.sequence, keys, values, wait, segment.batch,
-                    root=segment.root,
+                    root=segment.root, previous_sequence=segment.previous_sequence,
                 )
             except TimeoutError:
+                shortfall = runner.replicator.shortfall if runner.replicator else ""
+                if shortfall:
+                    raise Unavailable(
+                        f"container {runner.container.container_id} cannot be acknowledged: "
+                        f"{shortfall}; nothing was acknowledged, retry once workers are back"
+                    ) from None
                 raise ResourceExhausted(
                     f"container {runner.container.container_id} is full or its backups are "
                     f"unreachable ({runner.container.pending_records} records waiting); "
