@@ -130,8 +130,10 @@ class Sender:
             await asyncio.sleep(pause)
 
     def in_flight(self) -> bool:
-        """Whether a send is under way and input remains."""
-        return self.busy and self.acked < len(self.values)
+        """Whether the fault lands mid-stream: a send is under way, or some
+        input was acknowledged (and is queued or being processed) while more
+        is still to come."""
+        return self.busy or 0 < self.acked < len(self.values)
 
     def resumed_after(self, moment: float) -> float | None:
         """Seconds from ``moment`` to the acknowledgement of the first chunk
