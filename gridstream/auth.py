@@ -331,7 +331,34 @@ class _StreamMemberCredentials(grpc.aio.UnaryStreamClientInterceptor):  # type: 
         return await continuation(_with_secret(client_call_details, self.secret), request)
 
 
+class _ClientStreamMemberCredentials(grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    """Adds the cluster secret to every client-streaming call of a member's channel."""
+
+    def __init__(self, secret: str) -> None:
+        self.secret = secret
+
+    async def intercept_stream_unary(self, continuation: Any, client_call_details: Any,
+                                     request_iterator: Any) -> Any:
+        """Client-streaming calls carry the secret."""
+        return await continuation(_with_secret(client_call_details, self.secret),
+                                  request_iterator)
+
+
+class _BidiMemberCredentials(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    """Adds the cluster secret to every bidirectional call of a member's channel."""
+
+    def __init__(self, secret: str) -> None:
+        self.secret = secret
+
+    async def intercept_stream_stream(self, continuation: Any, client_call_details: Any,
+                                      request_iterator: Any) -> Any:
+        """Bidirectional calls carry the secret."""
+        return await continuation(_with_secret(client_call_details, self.secret),
+                                  request_iterator)
+
+
 def member_credentials(secret: str) -> list[grpc.aio.ClientInterceptor]:
     """Client interceptors that present the cluster secret on every call (one
     per call kind: a channel files each interceptor under one kind only)."""
-    return [_UnaryMemberCredentials(secret), _StreamMemberCredentials(secret)]
+    return [_UnaryMemberCredentials(secret), _StreamMemberCredentials(secret),
+            _ClientStreamMemberCredentials(secret), _BidiMemberCredentials(secret)]

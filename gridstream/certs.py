@@ -14,6 +14,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from gridstream.auth import write_private
+
 VALID_DAYS = 365
 
 
@@ -30,9 +32,12 @@ def _key() -> ec.EllipticCurvePrivateKey:
 
 
 def _write(path: Path, data: bytes, private: bool = False) -> None:
-    path.write_bytes(data)
+    """Writes a certificate, or a private key created with mode 0600 (never
+    readable by others, not even between creating and restricting it)."""
     if private:
-        path.chmod(0o600)
+        write_private(path, data.decode())
+    else:
+        path.write_bytes(data)
 
 
 def _pem_key(key: ec.EllipticCurvePrivateKey) -> bytes:

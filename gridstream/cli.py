@@ -108,16 +108,20 @@ async def _health(args: argparse.Namespace) -> int:
 async def _certs(args: argparse.Namespace) -> int:
     import secrets
 
+    from gridstream.auth import create_cluster_secret, write_private
     from gridstream.certs import create_dev_certs
 
     out = Path(args.out)
     issued = create_dev_certs(out, [h.strip() for h in args.hosts.split(",") if h.strip()])
     member, user = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     tokens = out / "tokens.toml"
-    tokens.write_text(f'[tokens]\n"{member}" = ["admin"]\n"{user}" = ["submit", "send", "read"]\n')
-    tokens.chmod(0o600)
-    print(f"""wrote a CA, a node and a client certificate and {tokens} to {out}.
-Members' config:
+    write_private(tokens, f'[tokens]\n"{member}" = ["admin"]\n'
+                  f'"{user}" = ["submit", "send", "read"]\n')
+    secret = create_cluster_secret(out / "cluster.secret")
+    print(f"""wrote a CA, a node and a client certificate, {tokens} and the cluster
+secret {secret} to {out} (keys, tokens and secret readable by their owner only).
+Members' config (plaintext members need only cluster_secret_file, and bind
+loopback unless plaintext_network = true):
 
 [security]
 tls = true
@@ -126,6 +130,7 @@ cert_file = "{issued['node'].cert.resolve()}"
 key_file = "{issued['node'].key.resolve()}"
 tokens_file = "{tokens.resolve()}"
 token = "{member}"
+cluster_secret_file = "{secret.resolve()}"
 
 Clients' config (gridstream status/submit --config, or Client(security=...)):
 
@@ -199,7 +204,9 @@ async def _up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(args.run_dir, config, args.workers, args.state_servers, port,
                            supervise=True, restart_delay_s=args.restart_delay)
     async with cluster:
-        print(f"gridstream cluster up: scheduler {cluster.scheduler_address}")
+        print(f"gridstream cluster up: scheduler {cluster.scheduler_address}; members "
+              f"authenticate with {cluster.config.security.cluster_secret_file}, admin "
+              f"commands take --config {cluster.config_path}")
         for member in cluster.members.values():
             print(f"  {member.name:<12} pid {member.pid:<8} {member.address:<22} "
                   f"log {member.log_path}")
