@@ -255,10 +255,9 @@ def _deny(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
 def _guarded(handler: grpc.RpcMethodHandler, method: str,
              member: bool) -> grpc.RpcMethodHandler:
     """The handler with a deserializer that cannot raise and a behaviour that
-    answers INVALID_ARGUMENT for a body that did not decode, and that runs
-    the servicer with :data:`caller_is_member` set."""
-    if handler.request_streaming:
-        return handler  # gridstream has no client-streaming calls
+    answers INVALID_ARGUMENT for a request (or a streamed request message)
+    that did not decode, and that runs the servicer with
+    :data:`caller_is_member` set."""
     decode = handler.request_deserializer
 
     def safe_decode(data: bytes) -> Any:
@@ -269,9 +268,7 @@ def _guarded(handler: grpc.RpcMethodHandler, method: str,
         except Exception as exc:  # protobuf raises DecodeError, RecursionError, ...
             return _Undecodable(len(data), type(exc).__name__)
 
-    behaviour = handler.unary_stream or handler.unary_unary
-
-    async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def refuse_undecodable(request: Any, context: grpc.aio.ServicerContext) -> None:
         if isinstance(request, _Undecodable):
             peer = context.peer() or "?"
             _corrupt_warnings.warn(method, "refused %s from %s: %d bytes that are not a valid "
@@ -280,20 +277,42 @@ def _guarded(handler: grpc.RpcMethodHandler, method: str,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"the request is not a valid {method.rsplit('/', 1)[-1]} message "
                 f"({request.size} bytes); nothing was done")
-        caller_is_member.set(member)
-        result = behaviour(request, context)
+
+    async def finish(result: Any, context: grpc.aio.ServicerContext) -> Any:
         if inspect.isasyncgen(result):
             async for item in result:
                 await context.write(item)
             return None
         return await result
 
+    kwargs = {"request_deserializer": safe_decode,
+              "response_serializer": handler.response_serializer}
+    if handler.request_streaming:
+        behaviour = handler.stream_unary or handler.stream_stream
+
+        async def run_stream(requests: Any, context: grpc.aio.ServicerContext) -> Any:
+            async def checked() -> Any:
+                async for request in requests:
+                    await refuse_undecodable(request, context)
+                    yield request
+
+            caller_is_member.set(member)
+            return await finish(behaviour(checked(), context), context)
+
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(run_stream, **kwargs)
+        return grpc.stream_stream_rpc_method_handler(run_stream, **kwargs)
+
+    unary = handler.unary_stream or handler.unary_unary
+
+    async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await refuse_undecodable(request, context)
+        caller_is_member.set(member)
+        return await finish(unary(request, context), context)
+
     if handler.unary_stream is not None:
-        return grpc.unary_stream_rpc_method_handler(
-            run, request_deserializer=safe_decode,
-            response_serializer=handler.response_serializer)
-    return grpc.unary_unary_rpc_method_handler(
-        run, request_deserializer=safe_decode, response_serializer=handler.response_serializer)
+        return grpc.unary_stream_rpc_method_handler(run, **kwargs)
+    return grpc.unary_unary_rpc_method_handler(run, **kwargs)
 
 
 # -- the client side -------------------------------------------------------------
