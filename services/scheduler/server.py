@@ -317,7 +317,11 @@ class SchedulerCore:
         # (its in-memory list goes with it; the dead-letter rows stay).
         known = self.losses.setdefault(job_id, set())
         for task in tasks:
-            for loss in task.losses:
+            abandoned = ([f"{job_id}/t{task.task}/p{task.partition}: {task.roots_abandoned} "
+                          "tuple trees abandoned on "
+                          f"{task.node_id} (incomplete after repeated rebuilds)"]
+                         if task.roots_abandoned else [])
+            for loss in [*task.losses, *abandoned]:
                 if loss not in known:
                     known.add(loss)
                     log.error("job %s: DATA LOSS %s", job_id, loss)

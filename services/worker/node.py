@@ -242,6 +242,7 @@ class WorkerNode:
             return worker_pb2.TrackingEventsResponse(complete=True)
         completed = unpack(request.completed).tolist()
         failed = unpack(request.failed).tolist()
+        abandoned = unpack(request.abandoned).tolist()
         collect = {int(r) for r in unpack(request.collect)}
         complete = True
         owners = self.routing.owners.get(request.job_id, [])
@@ -262,7 +263,8 @@ class WorkerNode:
             if not runner.ready.is_set():
                 complete = False
                 continue
-            mine, sequence, pending = await runner.tracking_events(completed, failed, collect)
+            mine, sequence, pending = await runner.tracking_events(completed, failed, collect,
+                                                                   abandoned)
             for root, value in mine.items():
                 contributions[root] = contributions.get(root, 0) ^ value
             through[runner.reporter_id] = sequence
@@ -555,7 +557,20 @@ class WorkerNode:
         outcomes.add_metric(["completed"], self.trackers.completed)
         outcomes.add_metric(["failed"], self.trackers.failed)
         outcomes.add_metric(["rebuilt"], self.trackers.rebuilt)
-        return [*families.values(), recoveries, roots, table_bytes, outcomes]
+        outcomes.add_metric(["abandoned"], self.trackers.abandoned)
+        lost = counter("gridstream_batches_lost", "Acknowledged batches found lost (more "
+                       "failures than backup_count allows), per job", ["job"])
+        for runtime in self.jobs.values():
+            lost.add_metric([runtime.job_id], sum(
+                lost_range.last - lost_range.first + 1
+                for runner in runtime.runners.values()
+                for lost_range in runner.container.losses))
+        restarts = counter("gridstream_task_restarts", "Times a task's loop failed and was "
+                           "started again from its snapshot", ["job"])
+        for runtime in self.jobs.values():
+            restarts.add_metric([runtime.job_id],
+                                sum(r.restarts for r in runtime.runners.values()))
+        return [*families.values(), recoveries, roots, table_bytes, outcomes, lost, restarts]
 
     def drop_retired(self, key: ContainerKey) -> None:
         """Forgets a retired container once its new owner has it."""

@@ -523,7 +523,8 @@ class TaskRunner:
             self._report_wake.set()
 
     async def tracking_events(
-        self, completed: list[int], failed: list[int], collect: set[int]
+        self, completed: list[int], failed: list[int], collect: set[int],
+        abandoned: list[int] | None = None,
     ) -> tuple[dict[int, int], int, set[int]]:
         """Applies a tracker's events. Returns, for ``collect``, this task's
         contributions, the sequence of its last report they include, and which
@@ -531,6 +532,11 @@ class TaskRunner:
         tracking = self.tracking
         if tracking is None:
             return {}, 0, set()
+        if abandoned:
+            count = tracking.finished(abandoned, abandoned=True)
+            if count and tracking.is_source:
+                log.error("%s: %d tuple trees abandoned (incomplete after repeated rebuilds)",
+                          self.operator_id, count)
         if completed:
             tracking.finished(completed)
             self.container.trim(self.trim_bound())
@@ -586,6 +592,7 @@ class TaskRunner:
             "roots_pending": tracking.roots_pending if tracking.is_source else 0,
             "roots_finished": tracking.figures.roots_finished,
             "roots_failed": tracking.figures.roots_failed,
+            "roots_abandoned": tracking.figures.roots_abandoned if tracking.is_source else 0,
         }
 
     def epoch_now(self) -> int:

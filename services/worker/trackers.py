@@ -49,6 +49,9 @@ TICK_S = 0.1
 """How often timeouts are checked and pending events and rebuilds retried."""
 HANDOFF_TIMEOUT_S = 2.0
 """How long one tick waits for moved roots to reach their new trackers."""
+MAX_ROOT_FAILURES = 3
+"""Timeouts after which a root whose rebuilds never complete it is abandoned
+(logged at ERROR and reported as data loss), so no root times out forever."""
 
 
 def pack(values: U64 | list[int]) -> bytes:
@@ -122,6 +125,11 @@ class TrackerHost:
         self.completed = 0
         self.failed = 0
         self.rebuilt = 0
+        self.abandoned = 0
+        self._failures: dict[tuple[str, int], int] = {}
+        """(job, root) -> times it timed out without completing since."""
+        self._abandoned: dict[str, list[U64]] = {}
+        """job -> abandoned roots not yet announced to every worker."""
 
     def layout(self) -> TrackerLayout:
         """The current layout (cheap to rebuild; tables change rarely)."""
@@ -185,6 +193,9 @@ class TrackerHost:
         return len(self._table(*key))
 
     def _completed(self, job_id: str, roots: U64) -> None:
+        if roots.size and self._failures:
+            for root in roots.tolist():
+                self._failures.pop((job_id, int(root)), None)
         if roots.size:
             self.completed += int(roots.size)
             self._events.setdefault(job_id, []).append(roots)
@@ -234,9 +245,13 @@ class TrackerHost:
             failed = table.expire(now)
             if failed.size:
                 self.failed += int(failed.size)
-                log.warning("job %s: %d roots on tracker %d timed out; rebuilding them and "
-                            "replaying what was lost", job_id, failed.size, tracker)
-                self._start_rebuild((job_id, tracker), {int(r) for r in failed}, failed=True)
+                retry, give_up = self._count_failures(job_id, failed)
+                if retry:
+                    log.warning("job %s: %d roots on tracker %d timed out; rebuilding them "
+                                "from the tasks' contributions", job_id, len(retry), tracker)
+                    self._start_rebuild((job_id, tracker), set(retry), failed=True)
+                if give_up:
+                    self._abandon(job_id, give_up)
         while self._recently_completed and (
             now - self._recently_completed[0][0] > 2 * max(self.timeouts.values() or [30.0])
         ):
@@ -245,8 +260,41 @@ class TrackerHost:
             await self._rebuild(key)
         for job_id in list(self._events):
             await self._announce(job_id)
+        for job_id in list(self._abandoned):
+            await self._announce_abandoned(job_id)
         for job_id in list(self._handoffs):
             await self._send_handoffs(job_id)
+
+    def _count_failures(self, job_id: str, failed: U64) -> tuple[list[int], list[int]]:
+        """Splits timed-out roots into those to rebuild and those that have
+        failed MAX_ROOT_FAILURES times (rebuilt each time, never complete)."""
+        retry: list[int] = []
+        give_up: list[int] = []
+        for root in failed.tolist():
+            key = (job_id, int(root))
+            count = self._failures[key] = self._failures.get(key, 0) + 1
+            (give_up if count >= MAX_ROOT_FAILURES else retry).append(int(root))
+        return retry, give_up
+
+    def _abandon(self, job_id: str, roots: list[int]) -> None:
+        for root in roots:
+            self._failures.pop((job_id, root), None)
+        self.abandoned += len(roots)
+        log.error("job %s: %d tuple trees still incomplete after %d rebuilds (e.g. root "
+                  "%016x): a batch of each is gone; abandoning them and reporting data loss",
+                  job_id, len(roots), MAX_ROOT_FAILURES, roots[0])
+        self._abandoned.setdefault(job_id, []).append(np.asarray(roots, dtype=np.uint64))
+
+    async def _announce_abandoned(self, job_id: str) -> None:
+        """Tells every worker which roots were abandoned; kept until all have heard."""
+        batches = self._abandoned.pop(job_id, None)
+        if not batches:
+            return
+        roots = np.concatenate(batches)
+        answers = await self._broadcast(worker_pb2.TrackingEventsRequest(
+            job_id=job_id, abandoned=pack(roots)))
+        if not all(a is not None for a in answers.values()):
+            self._abandoned.setdefault(job_id, []).insert(0, roots)
 
     def _hand_off(self, job_id: str, roots: U64) -> None:
         if roots.size:

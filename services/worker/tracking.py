@@ -40,6 +40,7 @@ class TrackingFigures:
 
     roots_finished: int = 0
     roots_failed: int = 0
+    roots_abandoned: int = 0
 
 
 @dataclass
@@ -118,8 +119,8 @@ class TaskTracking:
             if entry is not None and offset in self.root_at:  # not completed meanwhile
                 self.reported[offset] = entry
 
-    def finished(self, roots: list[int]) -> int:
-        """Forgets completed roots; returns how many were pending here."""
+    def finished(self, roots: list[int], abandoned: bool = False) -> int:
+        """Forgets completed (or abandoned) roots; returns how many were pending here."""
         count = 0
         for root in roots:
             offsets = self.pending.pop(root, None)
@@ -135,7 +136,10 @@ class TaskTracking:
                 self.unreported.pop(offset, None)
                 self.reported.pop(offset, None)
         if self.is_source:
-            self.figures.roots_finished += count
+            if abandoned:
+                self.figures.roots_abandoned += count
+            else:
+                self.figures.roots_finished += count
         return count
 
     def overdue(self, now: float, timeout_s: float) -> set[int]:
