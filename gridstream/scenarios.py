@@ -19,7 +19,7 @@ import random
 import signal
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +163,7 @@ async def run_history(
     extra_env: dict[str, str] | None = None,
     seed: int = 0,
     drain_timeout_s: float = 180.0,
+    tracking_timeout_s: float = 0.0,
 ) -> HistoryRun:
     """Runs the history job on a fresh supervised local cluster through the
     scenario; returns the faults and the checker's verdict."""
@@ -174,7 +175,10 @@ async def run_history(
                            restart_delay_s=1.0, extra_env=extra_env)
     async with cluster, Client(cluster.scheduler_address, batch_size=250,
                                security=cluster.config.security) as client:
-        job_id = await client.submit(history.job())
+        spec = history.job()
+        if tracking_timeout_s:
+            spec = replace(spec, tracking_timeout_s=tracking_timeout_s)
+        job_id = await client.submit(spec)
         sender = Sender(client, job_id, send_keys, values, stream_s, chunk)
         started = time.monotonic()
         wall_started = time.time()

@@ -77,8 +77,11 @@ async def test_the_checker_catches_a_build_that_acknowledges_before_replicating(
     # cluster must name it (drain's data-loss error), not stay silent.
     steps = [Step("kill", 3.0), Step("kill", 7.0)]
     env = {"GRIDSTREAM_FAULT_ACK_BEFORE_REPLICATE": "1"}
+    # Short root timeouts: trees that lost a batch are abandoned (and named)
+    # after three rebuilds instead of after three default timeouts.
     run = await run_history(steps, tmp_path, records=40_000, stream_s=10.0,
-                            config=config(), extra_env=env, seed=4)
+                            config=config(), extra_env=env, seed=4, tracking_timeout_s=2.0)
     print(run.table())
     assert not run.verdict.ok
     assert run.verdict.lost, run.table()
+    assert run.losses, run.table()  # named by the cluster too, not only by the checker
