@@ -13,6 +13,7 @@ import asyncio
 import json
 import math
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -32,9 +33,11 @@ from gridstream.auth import create_cluster_secret
 from gridstream.client import Client
 from gridstream.config import ClusterConfig, Config, SecurityConfig
 from gridstream.errors import (
+    DeadlineExceeded,
     InvalidArgument,
     PermissionDenied,
     ResourceExhausted,
+    Unavailable,
 )
 from gridstream.examples import wordcount
 from gridstream.ids import partition_for_key
@@ -481,3 +484,33 @@ async def test_no_process_restarted_or_died(cluster: LocalCluster) -> None:
 
 def test_a_client_config_without_secret_is_not_a_member() -> None:
     assert rpc.member_secret(SecurityConfig(), own=False) is None
+
+
+# -- the SDK's own retries ------------------------------------------------------------
+
+
+async def test_a_push_with_an_unknown_outcome_is_pushed_again_with_its_sequence(
+        tmp_path: Path) -> None:
+    """A push that timed out may or may not have been appended: the client
+    keeps it and pushes it again, with the same sequence, before its next
+    batch to that partition, so neither batch is lost or doubled."""
+    config = replace(Config(), cluster=ClusterConfig(window_size=500, partitions=2,
+                                                     backup_count=1))
+    async with LocalCluster(tmp_path, config, workers=2, state_servers=1) as local, \
+            Client(local.scheduler_address, batch_size=100, send_timeout_s=1.0) as sdk:
+        job_id = await sdk.submit(wordcount.job())
+        routing = await sdk._routing(job_id, refresh=True)
+        partition = list(routing.owners).index("worker-1")
+        key = next(f"k{i}" for i in range(1000)
+                   if partition_for_key(f"k{i}", 2) == partition)
+        local.kill("worker-2", signal.SIGSTOP)  # worker-1's backup stops answering
+        try:
+            with pytest.raises((Unavailable, ResourceExhausted, DeadlineExceeded)) as info:
+                await sdk.send(job_id, ["first batch"], keys=[key])
+            assert info.value.pending_partitions == (partition,)
+        finally:
+            local.kill("worker-2", signal.SIGCONT)
+        await local.wait_registered(timeout_s=60)
+        await sdk.send(job_id, ["second batch"], keys=[key])
+        await sdk.drain(job_id, timeout_s=120)
+        assert await sdk.results(job_id) == {"first": 1, "second": 1, "batch": 2}
