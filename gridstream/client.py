@@ -36,6 +36,7 @@ from gridstream.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     GridstreamError,
+    InvalidArgument,
     NotFound,
     ResourceExhausted,
     StaleEpoch,
@@ -53,7 +54,7 @@ from gridstream.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
-from gridstream.validation import check_nesting, short
+from gridstream.validation import MAX_CLIENT_SEQUENCE, check_nesting, check_path_id, short
 
 DEFAULT_BATCH_SIZE = 5_000
 _RETRYABLE = {
@@ -95,7 +96,8 @@ class Client:
             raise ValueError("batch_size must be >= 1")
         self.scheduler_address = scheduler
         self.batch_size = batch_size
-        self.channel_name = f"src/{producer_id or uuid.uuid4().hex}"
+        self.channel_name = check_path_id(f"src/{producer_id or uuid.uuid4().hex}",
+                                          "producer_id")
         self.send_timeout_s = send_timeout_s
         self._channels = rpc.ChannelPool(security)
         self._scheduler = scheduler_pb2_grpc.SchedulerStub(self._channel(scheduler))
@@ -261,6 +263,11 @@ class Client:
         :class:`gridstream.errors.GridstreamError`)."""
         if (producer is None) != (first_sequence is None):
             raise ValueError("give producer and first_sequence together")
+        if producer is not None:
+            check_path_id(f"src/{producer}", "producer")
+        if first_sequence is not None and not 1 <= first_sequence <= MAX_CLIENT_SEQUENCE:
+            raise InvalidArgument(f"first_sequence must be between 1 and "
+                                  f"{MAX_CLIENT_SEQUENCE} (the range above is the cluster's)")
         routing = await self._routing(job_id)
         partitions = routing.partitions
         per_partition: dict[int, list[Batch]] = {}

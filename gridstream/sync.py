@@ -51,6 +51,10 @@ class SyncClient:
         """See :meth:`Client.send`."""
         return self._runner.run(self._client.send(job_id, values, keys))
 
+    def flush(self, job_id: str) -> None:
+        """See :meth:`Client.flush`."""
+        self._runner.run(self._client.flush(job_id))
+
     def drain(self, job_id: str, timeout_s: float = 300.0) -> scheduler_pb2.JobProgress:
         """See :meth:`Client.drain`."""
         return self._runner.run(self._client.drain(job_id, timeout_s))

@@ -514,3 +514,14 @@ async def test_a_push_with_an_unknown_outcome_is_pushed_again_with_its_sequence(
         await sdk.send(job_id, ["second batch"], keys=[key])
         await sdk.drain(job_id, timeout_s=120)
         assert await sdk.results(job_id) == {"first": 1, "second": 1, "batch": 2}
+
+
+async def test_the_sdk_refuses_producers_and_sequences_clients_may_not_use(
+        cluster: LocalCluster, client: Client) -> None:
+    with pytest.raises(InvalidArgument, match="producer_id"):
+        Client(cluster.scheduler_address, producer_id="../t0")
+    job_id = await client.submit(wordcount.job())
+    with pytest.raises(InvalidArgument, match="producer"):
+        await client.send(job_id, ["a"], producer="has space", first_sequence=1)
+    with pytest.raises(InvalidArgument, match="first_sequence"):
+        await client.send(job_id, ["a"], producer="p", first_sequence=2**62)
