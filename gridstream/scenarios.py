@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gridstream.chaos import detection_time
 from gridstream.checker import HistoryVerdict, check_history
 from gridstream.client import Client
 from gridstream.config import Config
@@ -183,16 +184,21 @@ async def run_history(
         started = time.monotonic()
         wall_started = time.time()
         sending = asyncio.create_task(sender.run(), name="history sender")
+        watchers: list[asyncio.Task[list[float | None]]] = []
         try:
             for step in sorted(steps, key=lambda s: s.at_s):
                 delay = started + step.at_s - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                run.faults.append(await _inject(cluster, step, rng, sender))
+                fault = await _inject(cluster, step, rng, sender)
+                run.faults.append(fault)
+                watchers.append(asyncio.create_task(_detections(client, fault)))
             await sending
+            detections = await asyncio.gather(*watchers)
         finally:
-            if not sending.done():
-                sending.cancel()
+            for task in [sending, *watchers]:
+                if not task.done():
+                    task.cancel()
         try:
             progress = await client.drain(job_id, timeout_s=drain_timeout_s)
             run.losses = list(progress.losses)
@@ -203,13 +209,22 @@ async def run_history(
         events = await _dead_events(client, wall_started)
     victims = {v for f in run.faults if f.kind in ("kill", "pause") for v in f.victims}
     run.wrongly_convicted = sorted({n for n, _ in events if n not in victims})
-    for fault in run.faults:
-        times = [at - fault.wall_at for n, at in events if n in fault.victims
-                 and at >= fault.wall_at]
-        fault.detected_s = min(times) if times else None
+    for fault, found in zip(run.faults, detections, strict=True):
+        times = [t for t in found if t is not None]
+        fault.detected_s = max(times) if times and len(times) == len(found) else None
         fault.resumed_s = sender.resumed_after(fault.mono_at)
     run.verdict = check_history(actual, sent)
     return run
+
+
+async def _detections(client: Client, fault: FaultRecord) -> list[float | None]:
+    """Seconds until each victim of a worker fault was declared dead (watched
+    live: the scheduler's event list is short); empty for other faults."""
+    if fault.kind not in ("kill", "pause"):
+        return []
+    return list(await asyncio.gather(*(
+        detection_time(client, victim, fault.wall_at, timeout_s=15.0)
+        for victim in fault.victims)))
 
 
 async def _inject(cluster: LocalCluster, step: Step, rng: random.Random,
