@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import grpc
 
 from gridstream import codec, rpc
 from gridstream.errors import (
+    DataLoss,
     GridstreamError,
     InvalidArgument,
     NotFound,
@@ -127,6 +129,60 @@ class ReplicaClient:
             payload=payload)
         await self._write(operator_id, f"storing window {window} of {operator_id}",
                           lambda stub: stub.PutSnapshot(request, timeout=rpc.DATA_TIMEOUT_S))
+
+    async def put_state(
+        self, job_id: str, operator_id: str, window: int, epoch: int, parent: int | None,
+        header: bytes, chunks: Sequence[tuple[bytes, int]],
+    ) -> None:
+        """Stores one window of keyed state (a delta on ``parent``, or a whole
+        state when None) on the operator's replicas, sent as one PutState
+        stream of ``chunks`` (msgpack entries, entry count); durable (on W) on
+        return. A replica missing ``parent`` refuses (retryable; catch-up
+        fills it): the write fails only when fewer than W replicas stored it."""
+        messages = await state_messages(job_id, operator_id, window, epoch, parent, header,
+                                        chunks)
+        size = sum(len(m.header) + len(m.entries) for m in messages)
+        timeout = max(rpc.DATA_TIMEOUT_S, size / _SLOWEST_BYTES_PER_S)
+        await self._write(operator_id, f"storing window {window} of {operator_id}'s state",
+                          lambda stub: stub.PutState(iter(messages), timeout=timeout))
+
+    async def read_state(self, job_id: str, operator_id: str, epoch: int) -> StoredState | None:
+        """The newest state of an operator on any replica, checked chunk by chunk:
+        the windows to apply in order (a whole state, then deltas).
+
+        With ``epoch``, every replica that answers first raises the operator's
+        fence to it, so the previous owner cannot store anything newer than
+        what this read sees (StaleEpoch when a newer owner claimed it). Only
+        the replica with the newest head is read in full; another is tried
+        when its stream fails or does not check out."""
+        request = stateserver_pb2.StateHeadRequest(job_id=job_id, operator_id=operator_id,
+                                                   epoch=epoch)
+        answers = await self._ask_all(
+            f"claiming and reading the state of {operator_id}",
+            lambda stub: stub.StateHead(request, timeout=rpc.CONTROL_TIMEOUT_S))
+        heads = sorted(((int(r.head_window), node) for node, r in answers if r.found),
+                       reverse=True)
+        replicas = self.routing.replica_set
+        for head, node in heads:
+            address = replicas.readable.get(node)
+            if address is None:
+                continue
+            try:
+                state = await _read_state(self._stub(address), job_id, operator_id)
+            except (GridstreamError, grpc.aio.AioRpcError) as exc:
+                error = from_rpc_error(exc) if isinstance(exc, grpc.aio.AioRpcError) else exc
+                log.error("reading the state of %s from %s failed (%s); trying another copy",
+                          operator_id, node, error)
+                continue
+            if state is None or state.window < head:
+                log.error("%s's state on %s ends at window %s, below its head %d; trying "
+                          "another copy", operator_id, node, state and state.window, head)
+                continue
+            return state
+        if heads:
+            raise Unavailable(f"no replica could hand out a whole copy of {operator_id}'s state "
+                              f"(heads {heads}); retrying")
+        return None
 
     async def write_results(
         self,
@@ -237,6 +293,104 @@ class ReplicaClient:
         self._stragglers.clear()
 
 
+_SLOWEST_BYTES_PER_S = 2 * 1024 * 1024
+"""A PutState's deadline grows with its size at this rate, so a big state is
+not cut off by the deadline of a small write."""
+
+STATE_CHUNK_BYTES = 1024 * 1024
+"""About how many bytes of entries a worker puts in one StateChunk."""
+
+
+@dataclass(slots=True)
+class StateWindowRead:
+    """One window of a read: its entries arrive as msgpack chunks to apply in order."""
+
+    window: int
+    parent: int | None
+    header: bytes
+    chunks: list[bytes] = field(default_factory=list)
+
+
+class StoredState(NamedTuple):
+    """An operator's state as read: ``window`` is the newest, ``header`` its
+    offsets and sequences (msgpack), ``windows`` what to apply, in order."""
+
+    window: int
+    header: bytes
+    windows: list[StateWindowRead]
+
+    @property
+    def entries(self) -> int:
+        """Chunks to apply (for logs)."""
+        return sum(len(w.chunks) for w in self.windows)
+
+
+async def state_messages(
+    job_id: str, operator_id: str, window: int, epoch: int, parent: int | None, header: bytes,
+    chunks: Sequence[tuple[bytes, int]],
+) -> list[stateserver_pb2.StateChunk]:
+    """The PutState messages of one window, each with the checksum of its header
+    and entries; yields to the event loop between chunks (hashing a big state
+    at once would hold it)."""
+    parts = list(chunks) or [(codec.pack([]), 0)]
+    messages = []
+    for index, (entries, count) in enumerate(parts):
+        head = header if index == 0 else b""
+        body = head + entries
+        messages.append(stateserver_pb2.StateChunk(
+            meta=stateserver_pb2.SnapshotMeta(job_id=job_id, operator_id=operator_id,
+                                              window=window, epoch=epoch, size=len(body),
+                                              checksum=checksum(body)),
+            has_parent=parent is not None, parent_window=parent or 0, header=head,
+            entries=entries, entry_count=count, window_end=index == len(parts) - 1))
+        if index % 8 == 7:
+            await asyncio.sleep(0)
+    return messages
+
+
+async def _read_state(
+    stub: stateserver_pb2_grpc.StateServerStub, job_id: str, operator_id: str
+) -> StoredState | None:
+    """One replica's whole state; DataLoss when a chunk fails its checksum or
+    the windows do not chain."""
+    windows: list[StateWindowRead] = []
+    open_window: StateWindowRead | None = None
+    received = 0
+    async for chunk in stub.ReadState(
+        stateserver_pb2.ReadStateRequest(job_id=job_id, operator_id=operator_id),
+        timeout=rpc.DATA_TIMEOUT_S * 8,
+    ):
+        meta = chunk.meta
+        body = chunk.header + chunk.entries
+        if len(body) != meta.size or checksum(body) != meta.checksum:
+            raise DataLoss(f"a chunk of {operator_id} window {meta.window} failed its checksum")
+        if open_window is None:
+            parent = int(chunk.parent_window) if chunk.has_parent else None
+            if windows and parent != windows[-1].window:
+                raise DataLoss(f"{operator_id}: window {meta.window} applies on {parent}, not "
+                               f"on the window before it ({windows[-1].window})")
+            if not windows and parent is not None:
+                raise DataLoss(f"{operator_id}: the read starts with a delta (window "
+                               f"{meta.window}), not a whole state")
+            open_window = StateWindowRead(int(meta.window), parent, chunk.header)
+        elif meta.window != open_window.window:
+            raise DataLoss(f"{operator_id}: window {meta.window} began before window "
+                           f"{open_window.window} ended")
+        open_window.chunks.append(chunk.entries)
+        if chunk.window_end:
+            windows.append(open_window)
+            open_window = None
+        received += len(body)
+        if received >= 4 * STATE_CHUNK_BYTES:  # let the loop breathe on a long read
+            received = 0
+            await asyncio.sleep(0)
+    if open_window is not None:
+        raise DataLoss(f"{operator_id}: the read ended inside window {open_window.window}")
+    if not windows:
+        return None
+    return StoredState(windows[-1].window, windows[-1].header, windows)
+
+
 async def _latest_or_corrupt(
     stub: stateserver_pb2_grpc.StateServerStub,
     request: stateserver_pb2.GetLatestSnapshotRequest,
@@ -269,4 +423,4 @@ def _error_of(task: asyncio.Future[Any], what: str) -> GridstreamError | None:
     return Unavailable(f"{what}: {type(exc).__name__}: {exc}")
 
 
-__all__ = ["ReplicaClient"]
+__all__ = ["ReplicaClient", "StateWindowRead", "StoredState", "state_messages"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gridstream.errors import DataLoss
+from gridstream.errors import DataLoss, FailedPrecondition
 
 ResultRow = tuple[str, str]
 """(key, JSON text of the value)."""
@@ -58,6 +58,42 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 );
 CREATE INDEX IF NOT EXISTS dead_letters_by_operator
     ON dead_letters (job_id, operator_id, version);
+CREATE TABLE IF NOT EXISTS state_heads (
+    job_id      TEXT    NOT NULL,
+    operator_id TEXT    NOT NULL,
+    base_window INTEGER NOT NULL,
+    base_epoch  INTEGER NOT NULL,
+    base_header BLOB    NOT NULL,
+    head_window INTEGER NOT NULL,
+    PRIMARY KEY (job_id, operator_id)
+);
+CREATE TABLE IF NOT EXISTS state_entries (
+    job_id      TEXT    NOT NULL,
+    operator_id TEXT    NOT NULL,
+    stage       TEXT    NOT NULL,
+    key         BLOB    NOT NULL,
+    value       BLOB    NOT NULL,
+    PRIMARY KEY (job_id, operator_id, stage, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS state_deltas (
+    job_id      TEXT    NOT NULL,
+    operator_id TEXT    NOT NULL,
+    "window"    INTEGER NOT NULL,
+    parent      INTEGER NOT NULL,
+    epoch       INTEGER NOT NULL,
+    header      BLOB    NOT NULL,
+    size        INTEGER NOT NULL,
+    PRIMARY KEY (job_id, operator_id, "window")
+);
+CREATE TABLE IF NOT EXISTS state_delta_entries (
+    job_id      TEXT    NOT NULL,
+    operator_id TEXT    NOT NULL,
+    "window"    INTEGER NOT NULL,
+    stage       TEXT    NOT NULL,
+    key         BLOB    NOT NULL,
+    value       BLOB,
+    PRIMARY KEY (job_id, operator_id, "window", stage, key)
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS operators (
     job_id          TEXT    NOT NULL,
     operator_id     TEXT    NOT NULL,
@@ -68,6 +104,19 @@ CREATE TABLE IF NOT EXISTS operators (
 """
 
 META_COLUMNS = 'job_id, operator_id, "window", epoch, size, checksum'
+
+STATE_TABLES = ("state_heads", "state_entries", "state_deltas", "state_delta_entries")
+"""The tables of operators' keyed state (window deltas compacted into a base):
+
+- ``state_heads``: per operator, the base window (every compacted window)
+  with its header, and the newest window held (the head of the chain);
+- ``state_entries``: the base, one row per key (msgpack key and value);
+- ``state_deltas``: windows after the base, each on top of its parent;
+- ``state_delta_entries``: their keys, a NULL value for a deleted key.
+
+Compaction folds the oldest deltas into the base in one transaction, so a
+crash between storing a delta and folding it leaves base + deltas, which
+read as the same state."""
 
 
 class SnapshotCorrupted(DataLoss):
@@ -94,6 +143,40 @@ class Snapshot:
     payload: bytes
 
 
+Entry = tuple[str, bytes, bytes | None]
+"""One key of a window of keyed state: (stage, msgpack key, msgpack value),
+the value None for a key deleted in the window."""
+
+
+class MissingParent(FailedPrecondition):
+    """A delta whose parent window this replica does not hold; catch-up from a
+    peer fills the gap (or the writer sends a whole state). Nothing stored."""
+
+
+@dataclass(frozen=True, slots=True)
+class StateWindow:
+    """One window of an operator's keyed state, as PutState delivers it."""
+
+    job_id: str
+    operator_id: str
+    window: int
+    epoch: int
+    parent: int | None
+    """The window this delta applies on top of; None for a whole state."""
+    header: bytes
+    """msgpack of the window's offsets and sequences (opaque to the store)."""
+    entries: list[Entry]
+
+
+@dataclass(frozen=True, slots=True)
+class StateHead:
+    """Which windows of an operator's keyed state a store holds."""
+
+    base_window: int
+    head_window: int
+    deltas: int
+
+
 @dataclass(frozen=True, slots=True)
 class OperatorHoldings:
     """What this store holds of one operator; replicas compare these to catch up."""
@@ -106,6 +189,8 @@ class OperatorHoldings:
     """Highest version of the operator's result writes held (0: none)."""
     epoch: int
     """The fence: highest writer epoch accepted for the operator."""
+    state_window: int | None = None
+    """Newest window of keyed state (state chain) held, None when none."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,3 +89,39 @@ def decode_dead_letters(data: bytes, count: int) -> list[DeadLetter]:
 def encode_entries(entries: Sequence[Sequence[Any]]) -> bytes:
     """The msgpack array of a chunk of rows or dead letters, as ReadResults sends it."""
     return pack(list(entries))  # msgpack writes tuples as arrays
+
+
+def decode_state_entries(data: bytes, count: int) -> list[tuple[str, bytes, bytes | None]]:
+    """Entries of a PutState chunk: a msgpack array of [stage, key, value]
+    (a key written) or [stage, key] (a key deleted), key and value each the
+    msgpack encoding of the key and the value; refused with a message naming
+    the bad entry, before anything is stored."""
+    if not data:
+        if count:
+            raise InvalidArgument(f"entry_count is {count} but entries is empty; nothing stored")
+        return []
+    try:
+        decoded = unpack(data)
+    except Exception as exc:  # msgpack raises several unrelated types
+        raise InvalidArgument(f"entries is not valid msgpack ({type(exc).__name__}); nothing "
+                              "stored") from None
+    if not isinstance(decoded, list) or len(decoded) != count:
+        raise InvalidArgument(
+            f"entries must be a msgpack array of entry_count ({count}) entries, got "
+            f"{len(decoded) if isinstance(decoded, list) else type(decoded).__name__}; "
+            "nothing stored")
+    out: list[tuple[str, bytes, bytes | None]] = []
+    append = out.append
+    for index, entry in enumerate(decoded):
+        size = len(entry) if isinstance(entry, list) else 0
+        if (
+            size not in (2, 3)
+            or not isinstance(entry[0], str)
+            or not isinstance(entry[1], bytes)
+            or (size == 3 and not isinstance(entry[2], bytes))
+        ):
+            raise InvalidArgument(
+                f"entries[{index}] must be [stage: str, key: bytes, value: bytes] or "
+                f"[stage: str, key: bytes], got {_describe(entry)}; nothing stored")
+        append((entry[0], entry[1], entry[2] if size == 3 else None))
+    return out

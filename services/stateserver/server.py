@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -22,6 +23,7 @@ from gridstream.validation import check_id, check_path_id
 from services.stateserver.directory import JobDirectory
 from services.stateserver.layout import SnapshotMeta
 from services.stateserver.rows import decode_dead_letters, decode_rows, encode_entries
+from services.stateserver.statewire import receive_window, send_chunk
 from services.stateserver.store import DEFAULT_CHUNK_ROWS, SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -217,7 +219,8 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
                     job_id=h.job_id, operator_id=h.operator_id,
                     latest_window=h.latest_window or 0,
                     has_snapshot=h.latest_window is not None,
-                    results_version=h.results_version, epoch=h.epoch)
+                    results_version=h.results_version, epoch=h.epoch,
+                    state_window=h.state_window or 0, has_state=h.state_window is not None)
                 for h in holdings
             ],
             snapshots=stats.snapshots, snapshot_bytes=stats.snapshot_bytes)
@@ -236,3 +239,49 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
             await context.write(pb.ReadOperatorChunk(
                 rows=encode_entries(rows), row_count=len(rows),
                 dead_letters=encode_entries(dead), dead_letter_count=len(dead)))
+
+    # Operators' keyed state: window deltas on top of a compacted base, in
+    # chunks of any number (no size limit).
+
+    @servicer_method
+    async def PutState(
+        self, request_iterator: AsyncIterator[pb.StateChunk],
+        context: grpc.aio.ServicerContext,
+    ) -> pb.PutStateResponse:
+        """Stores one window of an operator's keyed state sent in chunks."""
+        await _injected_delay()
+        window = await receive_window(request_iterator)
+        if self._directory is not None:
+            await self._directory.check(window.job_id, window.operator_id)
+        created = await self._store.states.put(window)
+        return pb.PutStateResponse(created=created)
+
+    @servicer_method
+    async def StateHead(
+        self, request: pb.StateHeadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StateHeadResponse:
+        """Which windows of an operator's state are held (claiming it first
+        when the request carries an epoch)."""
+        _require(request.job_id, "job_id")
+        _require(request.operator_id, "operator_id")
+        _require_int(request.epoch, "epoch")
+        head = await self._store.states.head(request.job_id, request.operator_id, request.epoch)
+        if head is None:
+            return pb.StateHeadResponse(found=False)
+        return pb.StateHeadResponse(found=True, head_window=head.head_window,
+                                    base_window=head.base_window, deltas=head.deltas)
+
+    @servicer_method
+    async def ReadState(  # type: ignore[override]
+        self, request: pb.ReadStateRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        """Streams an operator's state: base, then deltas (or only the deltas
+        after a window the reader holds)."""
+        _require(request.job_id, "job_id")
+        _require(request.operator_id, "operator_id")
+        _require_int(request.after_window, "after_window")
+        async for chunk in self._store.states.read(
+            request.job_id, request.operator_id,
+            request.after_window if request.has_after else None, request.packed,
+        ):
+            await context.write(await send_chunk(request.job_id, request.operator_id, chunk))

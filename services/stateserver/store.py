@@ -1,7 +1,10 @@
 """SnapshotStore: the state server's durable storage, one SQLite file in WAL mode.
 
-It holds three things a job needs to survive failures: window snapshots of
-operators (state and offsets), result rows (the SQLite sink) and dead letters.
+It holds what a job needs to survive failures: window snapshots of operators
+(opaque payloads, :meth:`SnapshotStore.put_snapshot`), operators' keyed state
+as window deltas compacted into a base (:attr:`SnapshotStore.states`, see
+:mod:`services.stateserver.chains`), result rows (the SQLite sink) and dead
+letters.
 Writes go through a :class:`~services.stateserver.groupcommit.GroupCommitter`
 on the write connection; reads use a second connection, so a reader sees only
 committed (acknowledged) data and a long read never holds up writes.
@@ -24,6 +27,7 @@ import aiosqlite
 
 from gridstream.errors import InvalidArgument, StaleEpoch, Unavailable
 from gridstream.ids import checksum
+from services.stateserver.chains import MAX_DELTAS, STATE_TABLES_BY_OPERATOR, StateChains
 from services.stateserver.groupcommit import GroupCommitter
 from services.stateserver.layout import (
     META_COLUMNS,
@@ -90,11 +94,14 @@ class SnapshotStore:
     operator is stored, only its newest ``keep_windows`` windows are kept.
     """
 
-    def __init__(self, path: str | Path, keep_windows: int = 2) -> None:
+    def __init__(self, path: str | Path, keep_windows: int = 2,
+                 max_deltas: int = MAX_DELTAS) -> None:
         if keep_windows < 1:
             raise ValueError("keep_windows must be >= 1")
         self.path = Path(path)
         self.keep_windows = keep_windows
+        self.states = StateChains(self, max_deltas)
+        """Operators' keyed state: window deltas compacted into a base."""
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._committer: GroupCommitter | None = None
@@ -136,6 +143,7 @@ class SnapshotStore:
         self._writer, self._reader = writer, reader
         self._committer = GroupCommitter(writer)
         self._committer.start()
+        self.states.start()
         log.info("state store open at %s (keep %d windows per operator)", self.path,
                  self.keep_windows)
         return self
@@ -162,6 +170,7 @@ class SnapshotStore:
         if committer is None:
             return
         try:
+            await self.states.close()
             await committer.close()
         finally:
             self._committer = self._writer = self._reader = None
@@ -467,11 +476,17 @@ class SnapshotStore:
                 f"SELECT job_id, operator_id, epoch, results_version FROM operators {where}",
                 params)
         }
+        states = {
+            (row[0], row[1]): int(row[2])
+            for row in await self._read().execute_fetchall(
+                f"SELECT job_id, operator_id, head_window FROM state_heads {where}", params)
+        }
         return [
             OperatorHoldings(job, operator, windows.get((job, operator)),
                              fences.get((job, operator), (0, 0))[1],
-                             fences.get((job, operator), (0, 0))[0])
-            for job, operator in sorted(set(windows) | set(fences))
+                             fences.get((job, operator), (0, 0))[0],
+                             states.get((job, operator)))
+            for job, operator in sorted(set(windows) | set(fences) | set(states))
         ]
 
     async def mark(self, job_id: str, operator_id: str, epoch: int, version: int) -> None:
@@ -487,7 +502,8 @@ class SnapshotStore:
         """Deletes everything of one operator (a copy handed over to its replicas)."""
 
         async def op(conn: aiosqlite.Connection) -> None:
-            for table in ("results", "dead_letters", "snapshots", "operators"):
+            for table in ("results", "dead_letters", "snapshots", *STATE_TABLES_BY_OPERATOR,
+                          "operators"):
                 await conn.execute(
                     f"DELETE FROM {table} WHERE job_id = ? AND operator_id = ?",
                     (job_id, operator_id))
@@ -499,7 +515,7 @@ class SnapshotStore:
         """Every job this store holds anything of."""
         rows = await self._read().execute_fetchall(
             "SELECT job_id FROM operators UNION SELECT job_id FROM snapshots "
-            "UNION SELECT job_id FROM results")
+            "UNION SELECT job_id FROM results UNION SELECT job_id FROM state_heads")
         return sorted(row[0] for row in rows)
 
     async def _paged(
@@ -528,7 +544,8 @@ class SnapshotStore:
         """Deletes every result, dead letter and snapshot of a job, in one transaction."""
 
         async def op(conn: aiosqlite.Connection) -> None:
-            for table in ("results", "dead_letters", "snapshots", "operators"):
+            for table in ("results", "dead_letters", "snapshots", *STATE_TABLES_BY_OPERATOR,
+                          "operators"):
                 await conn.execute(f"DELETE FROM {table} WHERE job_id = ?", (job_id,))
             for key in [k for k in self._fences if k[0] == job_id]:
                 del self._fences[key]
@@ -543,7 +560,11 @@ class SnapshotStore:
         rows = list(await self._read().execute_fetchall(
             "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM snapshots"
         ))
+        # Deltas only: summing the base's rows would scan the whole state.
+        deltas = list(await self._read().execute_fetchall(
+            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM state_deltas"))
         return StoreStats(
-            snapshots=int(rows[0][0]), snapshot_bytes=int(rows[0][1]),
+            snapshots=int(rows[0][0]) + int(deltas[0][0]),
+            snapshot_bytes=int(rows[0][1]) + int(deltas[0][1]),
             commits=committer.commits, writes=committer.writes,
         )

@@ -43,7 +43,8 @@ from gridstream.v1 import (
     stateserver_pb2,
     stateserver_pb2_grpc,
 )
-from services.stateserver.layout import OperatorHoldings, SnapshotMeta
+from services.stateserver.layout import Entry, OperatorHoldings, SnapshotMeta, StateWindow
+from services.stateserver.rows import decode_state_entries
 from services.stateserver.store import SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,10 @@ def _covers(theirs: stateserver_pb2.OperatorDigest | None, mine: OperatorHolding
         return False
     if mine.latest_window is not None and (
         not theirs.has_snapshot or theirs.latest_window < mine.latest_window
+    ):
+        return False
+    if mine.state_window is not None and (
+        not theirs.has_state or theirs.state_window < mine.state_window
     ):
         return False
     return theirs.results_version >= mine.results_version
@@ -195,6 +200,12 @@ class ReplicaSync:
                     or mine.latest_window < theirs.latest_window
                 ):
                     await self._copy_snapshot(peers[peer], job_id, operator_id)
+                if theirs.has_state and (
+                    mine is None or mine.state_window is None
+                    or mine.state_window < theirs.state_window
+                ):
+                    await self._copy_state(peers[peer], job_id, operator_id,
+                                           mine.state_window if mine else None)
                 if theirs.results_version > (mine.results_version if mine else 0):
                     await self._copy_rows(peers[peer], theirs,
                                           mine.results_version if mine else 0)
@@ -219,6 +230,55 @@ class ReplicaSync:
         if created:
             self.figures.snapshots_copied += 1
             log.info("caught up %s to window %d from %s", operator_id, meta.window, address)
+
+    async def _copy_state(self, address: str, job_id: str, operator_id: str,
+                          after: int | None) -> None:
+        """Copies a peer's keyed state of an operator: only the deltas after our
+        head when the peer's chain holds it, else its whole state; stored in
+        one transaction once every chunk arrived and checked out, so an
+        interrupted copy leaves what we had."""
+        windows: list[StateWindow] = []
+        entries: list[Entry] = []
+        first: stateserver_pb2.StateChunk | None = None
+        try:
+            async for chunk in self._stub(address).ReadState(
+                stateserver_pb2.ReadStateRequest(
+                    job_id=job_id, operator_id=operator_id, has_after=after is not None,
+                    after_window=after or 0, packed=True),
+                timeout=rpc.DATA_TIMEOUT_S * 8,
+            ):
+                body = chunk.header + chunk.entries
+                if len(body) != chunk.meta.size or checksum(body) != chunk.meta.checksum:
+                    log.error("a chunk of %s's state from %s failed its checksum; not copied",
+                              operator_id, address)
+                    return
+                first = first or chunk
+                entries.extend(decode_state_entries(chunk.entries, chunk.entry_count))
+                if chunk.window_end:
+                    windows.append(StateWindow(
+                        job_id, operator_id, first.meta.window, first.meta.epoch,
+                        first.parent_window if first.has_parent else None, first.header,
+                        entries))
+                    first, entries = None, []
+        except (grpc.aio.AioRpcError, GridstreamError) as exc:
+            error = from_rpc_error(exc) if isinstance(exc, grpc.aio.AioRpcError) else exc
+            log.warning("copying the state of %s from %s failed: %s", operator_id, address,
+                        error)
+            return
+        if first is not None:
+            log.warning("the state of %s from %s ended inside a window; not copied",
+                        operator_id, address)
+            return
+        try:
+            stored = await self.store.states.put_copy(windows)
+        except GridstreamError as exc:
+            log.warning("storing the state of %s copied from %s failed: %s", operator_id,
+                        address, exc)
+            return
+        if stored:
+            self.figures.snapshots_copied += 1
+            log.info("caught up %s's state to window %d from %s (%d windows)", operator_id,
+                     windows[-1].window, address, stored)
 
     async def _copy_rows(self, address: str, theirs: stateserver_pb2.OperatorDigest,
                          after_version: int) -> None:

@@ -4,10 +4,16 @@ LatestSnapshot is M = (r, lv, fun, os, offset) for the batch in hand: set with
 os=false when the operator takes a batch, and with os=true and offset+1 once
 the batch's output has been emitted and acknowledged. WindowSnapshot collects
 the batches of the current window; when W records have gone by, the window's
-state (lv) and offsets are packed and handed to the Persister, which writes
-them to the state server in the background: processing never waits for it.
-Snapshots carry state and offsets, never the records (those live in the
-JobContainers).
+state (lv) and offsets are handed to the Persister, which writes them to the
+state server in the background: processing never waits for it. Snapshots
+carry state and offsets, never the records (those live in the JobContainers).
+
+A window carries only the keys written or deleted in it (a delta on top of
+the window before it), so the bytes written per window follow the keys the
+window touched, not the size of the state; the state servers compact the
+deltas into a base. Packing, checksumming and applying state go in chunks of
+a few thousand keys with the event loop let through between them, so a big
+state never holds up heartbeats.
 """
 
 from __future__ import annotations
@@ -15,11 +21,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import msgpack
+
+from gridstream import codec
 from gridstream.errors import GridstreamError, StaleEpoch
+from services.worker.operators import DELETED, StateDelta
+
+if TYPE_CHECKING:
+    from gridstream.replicas import StoredState
+    from services.worker.operators import OperatorChain
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +89,97 @@ class WindowSnapshot:
         return number
 
 
-@dataclass(frozen=True)
+PACK_CHUNK_ENTRIES = 5_000
+"""Keys packed per chunk before the loop is let through (a few milliseconds)."""
+
+PACK_CHUNK_BYTES = 1024 * 1024
+"""Soft byte limit of one packed chunk (one StateChunk message)."""
+
+ROOT_AFTER_S = 10.0
+"""A delta refused for a missing parent for this long (catch-up between
+state servers did not fill the gap) makes the next window a whole state."""
+
+STALL_ERROR_S = 10.0
+"""A write failing for this long is logged at ERROR (and again every
+``STALL_ERROR_S``): persistence, and so trimming, has stalled."""
+
+
+@dataclass
 class PendingSnapshot:
-    """A packed window snapshot waiting to be written."""
+    """A window snapshot waiting to be written: its offsets and sequences
+    (``header``, msgpack) and the keys it changed on top of ``parent`` (or
+    every key, when ``parent`` is None)."""
 
     window: int
     offset: int
-    payload: bytes
+    header: bytes
+    changes: StateDelta
+    parent: int | None
+
+    def absorb(self, older: PendingSnapshot) -> PendingSnapshot:
+        """This window with an older one that was never written folded in: the
+        older window's changes, overridden by this one's, on the older parent.
+        A whole state needs nothing of the older window."""
+        if self.parent is None:
+            return self
+        for stage, keys in self.changes.items():
+            older.changes.setdefault(stage, {}).update(keys)
+        return PendingSnapshot(self.window, self.offset, self.header, older.changes,
+                               older.parent)
+
+    @property
+    def keys(self) -> int:
+        """Keys the snapshot carries."""
+        return sum(len(keys) for keys in self.changes.values())
+
+
+async def pack_changes(changes: StateDelta, chunk_entries: int = PACK_CHUNK_ENTRIES,
+                       chunk_bytes: int = PACK_CHUNK_BYTES) -> list[tuple[bytes, int]]:
+    """PutState chunks (msgpack entries, count) of a window's changes: each
+    entry [stage, key, value] or [stage, key] for a deleted key, key and
+    value msgpack-encoded apart so the state server stores them without
+    decoding them. Yields to the loop after every chunk."""
+    packb = msgpack.Packer(use_bin_type=True).pack
+    chunks: list[tuple[bytes, int]] = []
+    current: list[list[Any]] = []
+    size = 0
+    for stage, keys in changes.items():
+        for key, value in keys.items():
+            packed_key = packb(key)
+            if value is DELETED:
+                current.append([stage, packed_key])
+                size += len(packed_key)
+            else:
+                packed_value = packb(value)
+                current.append([stage, packed_key, packed_value])
+                size += len(packed_key) + len(packed_value)
+            if len(current) >= chunk_entries or size >= chunk_bytes:
+                chunks.append((codec.pack(current), len(current)))
+                current, size = [], 0
+                await asyncio.sleep(0)
+    if current or not chunks:
+        chunks.append((codec.pack(current), len(current)))
+    return chunks
+
+
+async def apply_stored(chain: OperatorChain, stored: StoredState) -> int:
+    """Applies a stored state (a whole state, then deltas) to ``chain``, one
+    chunk at a time with the loop let through between; returns the entries
+    applied."""
+    applied = 0
+    for window in stored.windows:
+        if window.parent is None:
+            chain.clear_state()
+        for chunk in window.chunks:
+            applied += chain.apply_entries(codec.unpack(chunk))
+            await asyncio.sleep(0)
+    for touched in chain.touched.values():
+        touched.clear()
+    return applied
 
 
 WriteRows = Callable[[dict[Any, Any], list[tuple[str, str, str, str]]], Any]
-WriteSnapshot = Callable[[PendingSnapshot], Any]
+WriteSnapshot = Callable[[PendingSnapshot, list[tuple[bytes, int]]], Awaitable[Any]]
 
 
 class Persister:
@@ -93,9 +188,13 @@ class Persister:
     before a snapshot are durable before the snapshot is.
 
     Pending rows are merged by key (a later value replaces an earlier one), and
-    a newer snapshot replaces an older one not yet started, so a slow state
-    server costs memory bounded by the operator's state, not by the stream.
-    Failed writes are retried with backoff; nothing pending is dropped.
+    a newer snapshot absorbs an older one not yet started (their changes
+    merged on the older parent), so a slow state server costs memory bounded
+    by the operator's state, not by the stream. A snapshot being written is
+    retried as it is, never re-cut, so the state servers' chain of windows
+    stays whole. Failed writes are retried with backoff; nothing pending is
+    dropped; a write failing for long is logged at ERROR and shown in
+    :attr:`failing_since` and :attr:`last_error`.
     """
 
     def __init__(
@@ -119,6 +218,23 @@ class Persister:
         self.windows_persisted = 0
         self.last_durable_window = -1
         self.fenced = False
+        self.head: int | None = None
+        """The newest window handed over (restored or submitted): the parent of
+        the next delta; None before the first, which is then a whole state."""
+        self.needs_root = False
+        """Set when deltas keep being refused for a missing parent: the next
+        window must be a whole state."""
+        self.snapshot_bytes = 0
+        """Bytes of state written so far (packed keys and values)."""
+        self.snapshot_keys = 0
+        """Keys written so far."""
+        self.write_failures = 0
+        """Failed write attempts so far (rows and snapshots)."""
+        self.failing_since: float | None = None
+        """monotonic() of the first failure of the write now being retried."""
+        self.last_error = ""
+        """The latest failure, for status and logs; '' once a write succeeds."""
+        self._last_error_log = 0.0
 
     def submit(
         self,
@@ -132,7 +248,11 @@ class Persister:
         if dead_letters:
             self._dead.extend(dead_letters)
         if snapshot is not None:
-            self._snapshot = snapshot
+            self.head = snapshot.window
+            if snapshot.parent is None:
+                self.needs_root = False
+            self._snapshot = (snapshot if self._snapshot is None
+                              else snapshot.absorb(self._snapshot))
         if self._rows or self._dead or self._snapshot is not None:
             self._idle.clear()
             self._wake.set()
@@ -151,6 +271,41 @@ class Persister:
         """Waits until everything submitted so far is durable."""
         await self._idle.wait()
 
+    def _failed(self, what: str, exc: BaseException, delay: float) -> None:
+        """Counts and reports a failed attempt: a warning at first, an ERROR
+        once the write has failed for ``STALL_ERROR_S`` (and again as long as
+        it keeps failing), naming the operator, what and why."""
+        now = time.monotonic()
+        self.write_failures += 1
+        self.last_error = f"writing {what}: {type(exc).__name__}: {exc}"
+        if self.failing_since is None:
+            self.failing_since = now
+        stalled = now - self.failing_since
+        if stalled >= STALL_ERROR_S and now - self._last_error_log >= STALL_ERROR_S:
+            self._last_error_log = now
+            log.error("%s: persistence stalled for %.0fs (%d failed attempts): %s; the "
+                      "container cannot be trimmed until it succeeds", self._name, stalled,
+                      self.write_failures, self.last_error)
+        elif isinstance(exc, (GridstreamError, OSError)):
+            log.warning("%s: writing %s failed (%s); retrying in %.2fs", self._name, what,
+                        exc, delay)
+        else:
+            log.error("%s: writing %s failed; retrying in %.2fs", self._name, what, delay,
+                      exc_info=exc)
+
+    def _succeeded(self) -> None:
+        if self.failing_since is not None:
+            log.info("%s: persistence resumed after %.1fs", self._name,
+                     time.monotonic() - self.failing_since)
+        self.failing_since = None
+        self.last_error = ""
+
+    def _fenced(self, what: str, exc: StaleEpoch) -> bool:
+        log.error("%s: writing %s refused, this owner was fenced (%s); its successor "
+                  "owns the operator's state", self._name, what, exc)
+        self.fenced = True
+        return False
+
     async def _retrying(self, what: str, call: Callable[[], Any]) -> bool:
         """Retries until done (True); False when the state servers fenced this
         operator: a newer owner writes its state now, so retrying is pointless."""
@@ -158,21 +313,53 @@ class Persister:
         while True:
             try:
                 await call()
+                self._succeeded()
                 return True
             except asyncio.CancelledError:
                 raise
             except StaleEpoch as exc:
-                log.error("%s: writing %s refused, this owner was fenced (%s); its successor "
-                          "owns the operator's state", self._name, what, exc)
-                self.fenced = True
-                return False
-            except (GridstreamError, OSError) as exc:
-                log.warning("%s: writing %s failed (%s); retrying in %.2fs",
-                            self._name, what, exc, delay)
-            except Exception:
-                log.exception("%s: writing %s failed; retrying in %.2fs", self._name, what, delay)
+                return self._fenced(what, exc)
+            except Exception as exc:
+                self._failed(what, exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+    async def _persist_snapshot(self, snapshot: PendingSnapshot) -> bool:
+        """Writes one window until it is durable (True). False when fenced, or
+        when a whole state queued behind it makes it unnecessary (a delta that
+        no replica can chain, see :data:`ROOT_AFTER_S`)."""
+        what = f"window {snapshot.window}"
+        delay = 0.05
+        chunks: list[tuple[bytes, int]] | None = None
+        missing_since: float | None = None
+        while True:
+            queued = self._snapshot
+            if snapshot.parent is not None and queued is not None and queued.parent is None:
+                log.warning("%s: dropping %s, a whole state follows it", self._name, what)
+                return False
+            try:
+                if chunks is None:
+                    chunks = await pack_changes(snapshot.changes)
+                await self._write_snapshot(snapshot, chunks)
+                self._succeeded()
+                self.snapshot_bytes += sum(len(c) for c, _ in chunks) + len(snapshot.header)
+                self.snapshot_keys += snapshot.keys
+                return True
+            except asyncio.CancelledError:
+                raise
+            except StaleEpoch as exc:
+                return self._fenced(what, exc)
+            except Exception as exc:
+                self._failed(what, exc, delay)
+                if "missing parent" in str(exc) and snapshot.parent is not None:
+                    missing_since = missing_since or time.monotonic()
+                    if time.monotonic() - missing_since >= ROOT_AFTER_S and not self.needs_root:
+                        log.error("%s: the state servers cannot chain %s onto window %d; the "
+                                  "next window will carry the whole state", self._name, what,
+                                  snapshot.parent)
+                        self.needs_root = True
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     async def run(self) -> None:
         """The background loop; owned and cancelled by the task runner."""
@@ -185,9 +372,7 @@ class Persister:
             self._in_flight = len(rows) + len(dead) + (1 if snapshot else 0)
             if rows or dead:
                 await self._retrying("result rows", functools.partial(self._write_rows, rows, dead))
-            if snapshot is not None and await self._retrying(
-                f"window {snapshot.window}", functools.partial(self._write_snapshot, snapshot)
-            ):
+            if snapshot is not None and await self._persist_snapshot(snapshot):
                 self.windows_persisted += 1
                 self.last_durable_window = snapshot.window
                 self._on_durable(snapshot.offset)

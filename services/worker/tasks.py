@@ -55,7 +55,13 @@ from services.worker.peers import OutSegment, PeerRouter, StateClient
 from services.worker.queues import Entry, JobContainer, LostRange
 from services.worker.replication import Replicator
 from services.worker.shuffle import Shuffle
-from services.worker.snapshots import LatestSnapshot, PendingSnapshot, Persister, WindowSnapshot
+from services.worker.snapshots import (
+    LatestSnapshot,
+    PendingSnapshot,
+    Persister,
+    WindowSnapshot,
+    apply_stored,
+)
 from services.worker.tracking import TaskTracking
 
 if TYPE_CHECKING:
@@ -200,16 +206,19 @@ class TaskRunner:
         started = time.monotonic()
         snapshot = await self._retry(
             "reading the latest snapshot",
-            lambda: self.state_client.get_latest_snapshot(self.job_id, self.operator_id),
+            lambda: self.state_client.read_state(self.job_id, self.operator_id, self.epoch),
         )
         fetched = await self._fetch_log(self.key)
         offset = 0
         in_sequences: dict[str, int] = {}
         saved: dict[str, Any] = {}
         if snapshot is not None:
-            window, payload = snapshot
-            saved = codec.unpack(payload)
-            self.chain.restore_state(saved["state"])
+            # The newest window's offsets and sequences, and the keyed state
+            # rebuilt from a base and its deltas a chunk at a time.
+            window = snapshot.window
+            saved = codec.unpack(snapshot.header)
+            await apply_stored(self.chain, snapshot)
+            self.persister.head = window
             if self.shuffle is not None:
                 self.shuffle.sequences = {int(p): int(s) for p, s in
                                           saved["out_sequences"].items()}
@@ -393,26 +402,33 @@ class TaskRunner:
         self.persister.submit(rows, dead, snapshot)
 
     def _close_window(self) -> None:
+        # Only the keys the window touched go out (a delta on the window
+        # before); the first window, or one after deltas could not be chained,
+        # carries the whole state. Packing happens later, in the persister.
         offset = self.latest.offset
-        payload = codec.pack({
+        parent = None if self.persister.needs_root else self.persister.head
+        changes = (self.chain.capture_delta() if parent is not None
+                   else self.chain.capture_full())
+        header = codec.pack({
             "window": self.window.window,
             "offset": offset,
             "out_sequences": dict(self.shuffle.sequences) if self.shuffle else {},
             "in_sequences": self.container.sequences_below(offset),
-            "state": self.chain.snapshot_state(),
             "functions": list(self.latest.functions),
             "batches": self.window.batches,
             "tracking": self.tracking.snapshot() if self.tracking is not None else [],
         })
         self._last_close = time.monotonic()
         number = self.window.close()
-        self._flush(PendingSnapshot(number, offset, payload))
+        self._flush(PendingSnapshot(number, offset, header, changes, parent))
 
     async def _write_rows(self, rows: dict[Any, Any], dead: list[DeadLetter]) -> None:
-        encoded = [[_row_key(k), _json(v)] for k, v in rows.items()]
+        # Only the rows changed since the last flush (merged by key), encoded a
+        # chunk at a time so a big flush does not hold the event loop.
+        items = list(rows.items())
         chunk = 5_000
-        for start in range(0, max(len(encoded), 1), chunk):
-            part = encoded[start:start + chunk]
+        for start in range(0, max(len(items), 1), chunk):
+            part = [[_row_key(k), _json(v)] for k, v in items[start:start + chunk]]
             dead_part = dead if start == 0 else []
             if part or dead_part:
                 self._row_version = max(self._row_version + 1,
@@ -422,9 +438,11 @@ class TaskRunner:
                     self._row_version,
                 )
 
-    async def _write_snapshot(self, snapshot: PendingSnapshot) -> None:
-        write = asyncio.ensure_future(self.state_client.put_snapshot(
-            self.job_id, self.operator_id, snapshot.window, self.epoch, snapshot.payload
+    async def _write_snapshot(self, snapshot: PendingSnapshot,
+                              chunks: list[tuple[bytes, int]]) -> None:
+        write = asyncio.ensure_future(self.state_client.put_state(
+            self.job_id, self.operator_id, snapshot.window, self.epoch, snapshot.parent,
+            snapshot.header, chunks,
         ))
         try:
             await asyncio.sleep(0)  # the request is on its way

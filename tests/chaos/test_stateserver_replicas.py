@@ -30,10 +30,15 @@ from gridstream.replicas import ReplicaClient
 from gridstream.routing import RoutingView
 from gridstream.service import RETIRED_EXIT_CODE
 from gridstream.v1 import scheduler_pb2_grpc, stateserver_pb2, stateserver_pb2_grpc
+from services.stateserver.chains import MAX_DELTAS
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.slow]
 
 PARTITIONS = 8
+PROBE_EPOCH = 1 << 30
+"""The test writes a probe job's snapshots as an owner newer than any worker:
+the workers' tasks of that job claim its operators when they start (raising
+the fence to their epoch), and must not fence the test's writer out."""
 
 
 def replicated(state_servers_cleanup_s: float = 30.0) -> Config:
@@ -128,7 +133,7 @@ async def test_killed_replica_loses_no_acknowledged_snapshot_and_catches_up(
                     deadline = time.monotonic() + 30
                     while True:
                         try:
-                            await replicas.put_snapshot(probe_job, op, window, 1, payload)
+                            await replicas.put_snapshot(probe_job, op, window, PROBE_EPOCH, payload)
                             break
                         except Unavailable:
                             assert time.monotonic() < deadline, "writes stalled for 30 s"
@@ -189,7 +194,7 @@ async def test_add_and_retire_replicas_during_a_job(tmp_path: Path) -> None:
                     payload = f"{op}@{window}".encode()
                     while True:
                         try:
-                            await replicas.put_snapshot(probe_job, op, window, 1, payload)
+                            await replicas.put_snapshot(probe_job, op, window, PROBE_EPOCH, payload)
                             break
                         except Exception:  # too few replicas for a moment: retry
                             await asyncio.sleep(0.05)
@@ -257,23 +262,26 @@ async def test_cleanup_and_refusals(tmp_path: Path) -> None:
         await client.send(job_id, lines)
         await client.drain(job_id, timeout_s=120)
         assert await client.results(job_id) == wordcount.reference(lines)
-        # Superseded windows are gone, the newest kept (keep_windows = 2).
+        # Deltas are compacted into a base: a restore reads one base and a
+        # bounded number of deltas, and the newest window is what it restores.
         for name in ("state-1", "state-2", "state-3"):
             address = cluster.members[name].address
             async with rpc.open_channel(address) as channel:
-                listed = await stateserver_pb2_grpc.StateServerStub(channel).ListSnapshots(
-                    stateserver_pb2.ListSnapshotsRequest(job_id=job_id), timeout=5)
-            per_op: dict[str, list[int]] = {}
-            for meta in listed.snapshots:
-                per_op.setdefault(meta.operator_id, []).append(meta.window)
-            assert all(len(w) <= 2 for w in per_op.values()), (name, per_op)
+                stub = stateserver_pb2_grpc.StateServerStub(channel)
+                for op in operators(job_id):
+                    head = await stub.StateHead(stateserver_pb2.StateHeadRequest(
+                        job_id=job_id, operator_id=op), timeout=5)
+                    assert head.deltas <= MAX_DELTAS + 1, (name, op, head)
+        restored = 0
         for op in operators(job_id):
-            latest = await replicas.get_latest_snapshot(job_id, op)
-            if latest is not None:
-                held = [d[op].latest_window for d in
+            state = await replicas.read_state(job_id, op, 0)
+            if state is not None:
+                restored += 1
+                held = [d[op].state_window for d in
                         [await digest(cluster, n, job_id) for n in ("state-1", "state-2",
                                                                      "state-3")] if op in d]
-                assert latest[0] == max(held)
+                assert state.window == max(held)
+        assert restored == len(operators(job_id))
 
         # Refusals: unknown job, unknown operator, malformed id, corrupt payload.
         stub = stateserver_pb2_grpc.StateServerStub(
@@ -300,13 +308,12 @@ async def test_cleanup_and_refusals(tmp_path: Path) -> None:
             assert info.value.code() == code and text in (info.value.details() or "")
 
         # A copy corrupted on one replica's disk is refused there; readers use another.
-        op, good = "", None
-        for candidate in operators(job_id):
-            good = await replicas.get_latest_snapshot(job_id, candidate)
-            if good is not None:
-                op = candidate
-                break
-        assert good is not None
+        op = operators(job_id)[0]
+        fence = max(d[op].epoch for d in [await digest(cluster, n, job_id)
+                                          for n in ("state-1", "state-2", "state-3")] if op in d)
+        await replicas.put_snapshot(job_id, op, 7, fence, b"an opaque window")
+        good = await replicas.get_latest_snapshot(job_id, op)
+        assert good == (7, b"an opaque window")
         victim = ""
         for name in ("state-1", "state-2", "state-3"):
             held = (await digest(cluster, name, job_id)).get(op)

@@ -1,0 +1,417 @@
+"""Operators' keyed state as window deltas compacted into a base.
+
+A window of an operator carries only the keys written or deleted in it (a
+delta on top of its parent window), so the bytes a window writes follow the
+keys it touched, not the size of the state. The store keeps, per operator,
+a *base* (one row per key, the state as of the newest compacted window) and
+the deltas after it; a background compactor folds the oldest deltas into the
+base once more than ``max_deltas`` have piled up, in one transaction. A read
+returns the base and at most about ``max_deltas`` deltas, which the reader
+applies in order.
+
+Why the chain stays correct through failures:
+
+- Each window is stored in one transaction, and each fold too: a crash
+  between storing a delta and folding it leaves base + deltas, which read as
+  the same state; a fold that did not commit is simply done again.
+- A delta is stored only on top of its parent. A replica that missed the
+  parent refuses it (:class:`MissingParent`, nothing stored) rather than
+  holding a chain it cannot read back; catch-up copies the gap from a peer.
+- A new owner claims the operator (raises its fence) before reading, so the
+  previous owner's writes stop at every replica it read from; the new
+  owner's first delta may therefore find at most one window of the old
+  owner after its parent. That window is dropped (a fork: the new owner's
+  history wins), which is why the newest delta is never folded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import aiosqlite
+
+from gridstream.codec import pack
+from services.stateserver.layout import MissingParent, StateHead, StateWindow
+
+if TYPE_CHECKING:
+    from services.stateserver.store import SnapshotStore
+
+log = logging.getLogger(__name__)
+
+MAX_DELTAS = 8
+"""Deltas an operator may hold after its base before the compactor folds all
+but the newest into it: a restore reads one base and at most this many."""
+
+READ_CHUNK_ENTRIES = 20_000
+"""Entries per chunk of a read: unpacking one costs the reader a few
+milliseconds, so applying a big state never holds its event loop for long."""
+
+READ_CHUNK_BYTES = 1024 * 1024
+"""Soft byte limit of a chunk of a read."""
+
+OperatorKey = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class StateChunkOut:
+    """One chunk of a read: part of one window, in order."""
+
+    window: int
+    epoch: int
+    parent: int | None
+    header: bytes
+    """The window's header, on its first chunk only."""
+    entries: bytes
+    """msgpack array of [stage, key, value] / [stage, key] (deleted)."""
+    count: int
+    window_end: bool
+
+
+def _array_header(n: int) -> bytes:
+    """msgpack array header for ``n`` elements."""
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def encode_rows(rows: list[Any], packed: bool) -> bytes:
+    """A chunk's entries from rows of (stage, key bytes, value bytes or None).
+
+    Native form (a worker restoring) is built by concatenating the stored
+    msgpack encodings, so the reader decodes a whole chunk in one C call and
+    the server never decodes a value."""
+    if packed:
+        return pack([[s, k] if v is None else [s, k, v] for s, k, v in rows])
+    stages: dict[str, bytes] = {}
+    parts = [_array_header(len(rows))]
+    append = parts.append
+    for stage, key, value in rows:
+        head = stages.get(stage)
+        if head is None:
+            head = stages[stage] = pack(stage)
+        if value is None:
+            append(b"\x92" + head + key)
+        else:
+            append(b"\x93" + head + key + value)
+    return b"".join(parts)
+
+
+async def _head(conn: aiosqlite.Connection, job_id: str, operator_id: str
+                ) -> tuple[int, int] | None:
+    """(base window, head window) of an operator, None when it has no state."""
+    rows = list(await conn.execute_fetchall(
+        "SELECT base_window, head_window FROM state_heads WHERE job_id = ? AND operator_id = ?",
+        (job_id, operator_id)))
+    return (int(rows[0][0]), int(rows[0][1])) if rows else None
+
+
+class StateChains:
+    """Keyed state of every operator of one :class:`SnapshotStore`, written
+    through its group committer and fenced like its snapshots.
+
+    Owns the compactor task: :meth:`start` after the store opened,
+    :meth:`close` before it closes.
+    """
+
+    def __init__(self, store: SnapshotStore, max_deltas: int = MAX_DELTAS) -> None:
+        if max_deltas < 1:
+            raise ValueError("max_deltas must be >= 1")
+        self._store = store
+        self.max_deltas = max_deltas
+        self.auto_compact = True
+        """Tests turn this off to look at a chain before its compaction."""
+        self.folds = 0
+        """Deltas folded into a base so far."""
+        self._due: set[OperatorKey] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Starts the compactor."""
+        self._task = asyncio.create_task(self._compactor(), name="stateserver-compactor")
+
+    async def close(self) -> None:
+        """Stops the compactor; a fold in progress is rolled back (and redone
+        after restart, when the operator writes its next window)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    # -- writes ----------------------------------------------------------
+
+    async def put(self, window: StateWindow, fenced: bool = True) -> bool:
+        """Stores one window; False when it was already stored or is older than
+        the head. Raises MissingParent (nothing stored) when the delta's parent
+        is not held, StaleEpoch when ``fenced`` and a newer owner wrote."""
+        store = self._store
+        job_id, operator_id = window.job_id, window.operator_id
+        if fenced:
+            store._check_fence(job_id, operator_id, window.epoch)
+
+        async def op(conn: aiosqlite.Connection) -> tuple[bool, int]:
+            if fenced:
+                store._check_fence(job_id, operator_id, window.epoch)
+            result = await self._apply(conn, window)
+            await store._advance(conn, job_id, operator_id, window.epoch, 0)
+            return result
+
+        created, deltas = await store._commit().submit(op)
+        if created and deltas > self.max_deltas and self.auto_compact:
+            self._due.add((job_id, operator_id))
+            self._wake.set()
+        return created
+
+    async def put_copy(self, windows: list[StateWindow]) -> int:
+        """Stores a peer's copy (catch-up): its windows in order, in one
+        transaction, a whole state first replacing whatever is held even if
+        older than our head (we hold a history the group has moved past).
+        Not fenced; returns how many windows were stored."""
+        if not windows:
+            return 0
+        store = self._store
+
+        async def op(conn: aiosqlite.Connection) -> tuple[int, int]:
+            stored, deltas = 0, 0
+            for index, window in enumerate(windows):
+                if index == 0 and window.parent is None:
+                    await self._replace(conn, window)
+                    created = True
+                else:
+                    created, deltas = await self._apply(conn, window)
+                stored += created
+                await store._advance(conn, window.job_id, window.operator_id, window.epoch, 0)
+            return stored, deltas
+
+        stored, deltas = await store._commit().submit(op)
+        if deltas > self.max_deltas and self.auto_compact:
+            self._due.add((windows[0].job_id, windows[0].operator_id))
+            self._wake.set()
+        return stored
+
+    async def _apply(self, conn: aiosqlite.Connection, w: StateWindow) -> tuple[bool, int]:
+        """Stores ``w`` on the chain; (created, deltas now held)."""
+        key = (w.job_id, w.operator_id)
+        head = await _head(conn, *key)
+        if head is not None and w.window <= head[1]:
+            return False, 0  # a retry, or older than what we hold
+        if w.parent is None:
+            await self._replace(conn, w)
+            return True, 0
+        if head is None:
+            raise MissingParent(
+                f"missing parent window {w.parent} of {w.operator_id} window {w.window}: this "
+                "replica holds no state of the operator; catch-up will copy it (nothing stored)")
+        base, newest = head
+        if w.parent != newest:
+            held = w.parent == base or bool(list(await conn.execute_fetchall(
+                'SELECT 1 FROM state_deltas WHERE job_id = ? AND operator_id = ? '
+                'AND "window" = ?', (*key, w.parent))))
+            if not held:
+                raise MissingParent(
+                    f"missing parent window {w.parent} of {w.operator_id} window {w.window}: "
+                    f"this replica holds windows {base}..{newest}; catch-up will fill the gap "
+                    "(nothing stored)")
+            # A new owner continues from an earlier window: drop what came after it.
+            log.info("%s: window %d continues from %d; dropping the windows after it",
+                     w.operator_id, w.window, w.parent)
+            for table in ("state_delta_entries", "state_deltas"):
+                await conn.execute(
+                    f'DELETE FROM {table} WHERE job_id = ? AND operator_id = ? AND "window" > ?',
+                    (*key, w.parent))
+        size = sum(len(k) + (len(v) if v is not None else 0) for _, k, v in w.entries)
+        await conn.execute(
+            'INSERT INTO state_deltas (job_id, operator_id, "window", parent, epoch, header, size)'
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (*key, w.window, w.parent, w.epoch, w.header, size + len(w.header)))
+        await conn.executemany(
+            'INSERT OR REPLACE INTO state_delta_entries (job_id, operator_id, "window", stage, '
+            "key, value) VALUES (?, ?, ?, ?, ?, ?)",
+            [(*key, w.window, stage, k, v) for stage, k, v in w.entries])
+        await conn.execute(
+            "UPDATE state_heads SET head_window = ? WHERE job_id = ? AND operator_id = ?",
+            (w.window, *key))
+        rows = list(await conn.execute_fetchall(
+            "SELECT COUNT(*) FROM state_deltas WHERE job_id = ? AND operator_id = ?", key))
+        return True, int(rows[0][0])
+
+    async def _replace(self, conn: aiosqlite.Connection, w: StateWindow) -> None:
+        """A whole state: becomes the base, replacing everything held."""
+        key = (w.job_id, w.operator_id)
+        for table in STATE_TABLES_BY_OPERATOR:
+            await conn.execute(f"DELETE FROM {table} WHERE job_id = ? AND operator_id = ?", key)
+        await conn.executemany(
+            "INSERT OR REPLACE INTO state_entries (job_id, operator_id, stage, key, value) "
+            "VALUES (?, ?, ?, ?, ?)",
+            [(*key, stage, k, v) for stage, k, v in w.entries if v is not None])
+        await conn.execute(
+            "INSERT INTO state_heads (job_id, operator_id, base_window, base_epoch, base_header, "
+            "head_window) VALUES (?, ?, ?, ?, ?, ?)",
+            (*key, w.window, w.epoch, w.header, w.window))
+
+    # -- compaction --------------------------------------------------------
+
+    async def compact(self, job_id: str, operator_id: str, keep: int = 1) -> int:
+        """Folds all but the newest ``keep`` deltas into the base, in one
+        transaction; returns how many were folded (0 when nothing to do).
+
+        The newest delta stays apart so that a new owner continuing from its
+        parent (see the module) can still drop it."""
+        key = (job_id, operator_id)
+
+        async def op(conn: aiosqlite.Connection) -> int:
+            rows = list(await conn.execute_fetchall(
+                'SELECT "window", epoch, header FROM state_deltas WHERE job_id = ? '
+                'AND operator_id = ? ORDER BY "window"', key))
+            fold = rows[:max(0, len(rows) - keep)]
+            for window, _epoch, _header in fold:
+                await conn.execute(
+                    "INSERT INTO state_entries (job_id, operator_id, stage, key, value) "
+                    "SELECT job_id, operator_id, stage, key, value FROM state_delta_entries "
+                    'WHERE job_id = ? AND operator_id = ? AND "window" = ? AND value IS NOT NULL '
+                    "ON CONFLICT (job_id, operator_id, stage, key) DO UPDATE "
+                    "SET value = excluded.value", (*key, window))
+                await conn.execute(
+                    "DELETE FROM state_entries WHERE job_id = ? AND operator_id = ? AND "
+                    "(stage, key) IN (SELECT stage, key FROM state_delta_entries WHERE "
+                    'job_id = ? AND operator_id = ? AND "window" = ? AND value IS NULL)',
+                    (*key, *key, window))
+                for table in ("state_delta_entries", "state_deltas"):
+                    await conn.execute(
+                        f'DELETE FROM {table} WHERE job_id = ? AND operator_id = ? '
+                        'AND "window" = ?', (*key, window))
+            if fold:
+                window, epoch, header = fold[-1]
+                await conn.execute(
+                    "UPDATE state_heads SET base_window = ?, base_epoch = ?, base_header = ? "
+                    "WHERE job_id = ? AND operator_id = ?", (window, epoch, header, *key))
+            return len(fold)
+
+        folded: int = await self._store._commit().submit(op)
+        self.folds += folded
+        return folded
+
+    async def _compactor(self) -> None:
+        """Folds the chains that grew past ``max_deltas``; a failed fold is
+        logged and left for the operator's next window."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            due, self._due = self._due, set()
+            for job_id, operator_id in sorted(due):
+                try:
+                    await self.compact(job_id, operator_id)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("compacting the state of %s failed; will retry after its "
+                                  "next window", operator_id)
+
+    # -- reads -------------------------------------------------------------
+
+    async def head(self, job_id: str, operator_id: str, claim_epoch: int = 0
+                   ) -> StateHead | None:
+        """Which windows are held. With ``claim_epoch``, first raises the
+        operator's fence to it (StaleEpoch when a newer owner claimed it),
+        committed before the answer: the previous owner is fenced here from
+        then on."""
+        store = self._store
+        if claim_epoch:
+            store._check_fence(job_id, operator_id, claim_epoch)
+
+            async def claim(conn: aiosqlite.Connection) -> None:
+                store._check_fence(job_id, operator_id, claim_epoch)
+                await store._advance(conn, job_id, operator_id, claim_epoch, 0)
+
+            await store._commit().submit(claim)
+        reader = store._read()
+        found = await _head(reader, job_id, operator_id)
+        if found is None:
+            return None
+        rows = list(await reader.execute_fetchall(
+            "SELECT COUNT(*) FROM state_deltas WHERE job_id = ? AND operator_id = ?",
+            (job_id, operator_id)))
+        return StateHead(base_window=found[0], head_window=found[1], deltas=int(rows[0][0]))
+
+    async def read(
+        self, job_id: str, operator_id: str, after: int | None = None, packed: bool = False,
+        chunk_entries: int = READ_CHUNK_ENTRIES, chunk_bytes: int = READ_CHUNK_BYTES,
+    ) -> AsyncIterator[StateChunkOut]:
+        """The operator's state, oldest window first: the base as a whole state,
+        then every delta; only the deltas after ``after`` when that window is in
+        the chain. Nothing when no state is held.
+
+        Reads on a connection of its own inside one read transaction, so the
+        base and the deltas are of one moment even if a fold commits meanwhile,
+        and a long read delays no other reader."""
+        key = (job_id, operator_id)
+        conn = await aiosqlite.connect(self._store.path, isolation_level=None)
+        try:
+            await conn.execute("PRAGMA query_only=ON")
+            await conn.execute("BEGIN")
+            heads = list(await conn.execute_fetchall(
+                "SELECT base_window, base_epoch, base_header FROM state_heads "
+                "WHERE job_id = ? AND operator_id = ?", key))
+            if not heads:
+                return
+            base_window, base_epoch, base_header = int(heads[0][0]), int(heads[0][1]), heads[0][2]
+            deltas = [(int(r[0]), int(r[1]), int(r[2]), bytes(r[3])) for r in
+                      await conn.execute_fetchall(
+                          'SELECT "window", parent, epoch, header FROM state_deltas WHERE '
+                          'job_id = ? AND operator_id = ? ORDER BY "window"', key)]
+            held = {base_window} | {d[0] for d in deltas}
+            if after is None or after not in held:
+                async for chunk in self._window_chunks(
+                    conn, "SELECT stage, key, value FROM state_entries WHERE job_id = ? AND "
+                    "operator_id = ? ORDER BY stage, key", key, base_window, base_epoch, None,
+                    bytes(base_header), packed, chunk_entries, chunk_bytes,
+                ):
+                    yield chunk
+                after = base_window
+            for window, parent, epoch, header in deltas:
+                if window <= after:
+                    continue
+                async for chunk in self._window_chunks(
+                    conn, "SELECT stage, key, value FROM state_delta_entries WHERE job_id = ? "
+                    'AND operator_id = ? AND "window" = ? ORDER BY stage, key', (*key, window),
+                    window, epoch, parent, header, packed, chunk_entries, chunk_bytes,
+                ):
+                    yield chunk
+        finally:
+            await conn.close()
+
+    async def _window_chunks(
+        self, conn: aiosqlite.Connection, sql: str, params: tuple[Any, ...], window: int,
+        epoch: int, parent: int | None, header: bytes, packed: bool, chunk_entries: int,
+        chunk_bytes: int,
+    ) -> AsyncIterator[StateChunkOut]:
+        """One window's entries in chunks; the header rides on the first."""
+        first = True
+        pending: list[Any] = []
+        size = 0
+        async with conn.execute(sql, params) as cursor:
+            while True:
+                rows = list(await cursor.fetchmany(chunk_entries))
+                for row in rows:
+                    pending.append(row)
+                    size += len(row[1]) + (len(row[2]) if row[2] is not None else 0) + 8
+                    if len(pending) >= chunk_entries or size >= chunk_bytes:
+                        yield StateChunkOut(window, epoch, parent, header if first else b"",
+                                            encode_rows(pending, packed), len(pending), False)
+                        first, pending, size = False, [], 0
+                if len(rows) < chunk_entries:
+                    break
+        yield StateChunkOut(window, epoch, parent, header if first else b"",
+                            encode_rows(pending, packed), len(pending), True)
+
+
+STATE_TABLES_BY_OPERATOR = ("state_delta_entries", "state_deltas", "state_entries", "state_heads")
+"""Every state table, children first (what dropping an operator's state deletes)."""

@@ -1,0 +1,79 @@
+"""StateChunk messages to and from the store's windows of keyed state.
+
+A window travels as chunks so that no state is too big to store (gRPC's
+message limit applies to a chunk, not to the state) and each side handles a
+bounded piece at a time. Every chunk carries the checksum of its header and
+entries; a chunk that does not match, or a stream that ends before its
+window does, stores nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from gridstream.errors import InvalidArgument
+from gridstream.v1 import stateserver_pb2 as pb
+from services.stateserver.chains import StateChunkOut
+from services.stateserver.layout import Entry, StateWindow
+from services.stateserver.rows import decode_state_entries
+from services.stateserver.store import _checksum
+
+_MAX_SQLITE_INT = 2**63 - 1
+
+
+async def receive_window(chunks: AsyncIterator[pb.StateChunk]) -> StateWindow:
+    """The window a PutState stream carries, every chunk checked; InvalidArgument
+    (nothing stored) for a stream that is malformed, corrupt or cut short."""
+    first: pb.StateChunk | None = None
+    entries: list[Entry] = []
+    ended = False
+    async for chunk in chunks:
+        meta = chunk.meta
+        if ended:
+            raise InvalidArgument("PutState carries one window: a chunk came after the chunk "
+                                  "with window_end; nothing stored")
+        if first is None:
+            first = chunk
+            if not meta.job_id or not meta.operator_id:
+                raise InvalidArgument("the first chunk's meta.job_id and meta.operator_id must "
+                                      "be set; nothing stored")
+            if meta.window > _MAX_SQLITE_INT or meta.epoch > _MAX_SQLITE_INT or (
+                    chunk.parent_window > _MAX_SQLITE_INT):
+                raise InvalidArgument("window, epoch and parent_window must be below 2**63; "
+                                      "nothing stored")
+        elif (meta.job_id, meta.operator_id, meta.window) != (
+                first.meta.job_id, first.meta.operator_id, first.meta.window):
+            raise InvalidArgument(
+                f"every chunk of a PutState must be of one window; got {meta.operator_id} "
+                f"window {meta.window} after {first.meta.operator_id} window "
+                f"{first.meta.window}; nothing stored")
+        body = chunk.header + chunk.entries
+        if len(body) != meta.size or await _checksum(body) != meta.checksum:
+            raise InvalidArgument(
+                f"chunk of {meta.operator_id} window {meta.window} does not match its "
+                "meta.size/meta.checksum (of header + entries); it was corrupted on the way; "
+                "nothing stored")
+        entries.extend(decode_state_entries(chunk.entries, chunk.entry_count))
+        ended = chunk.window_end
+    if first is None or not ended:
+        raise InvalidArgument("PutState stream ended before a chunk with window_end; nothing "
+                              "stored")
+    return StateWindow(
+        job_id=first.meta.job_id, operator_id=first.meta.operator_id,
+        window=first.meta.window, epoch=first.meta.epoch,
+        parent=first.parent_window if first.has_parent else None,
+        header=first.header, entries=entries,
+    )
+
+
+async def send_chunk(job_id: str, operator_id: str, chunk: StateChunkOut) -> pb.StateChunk:
+    """The message of one chunk of a read, with its checksum."""
+    body = chunk.header + chunk.entries
+    return pb.StateChunk(
+        meta=pb.SnapshotMeta(job_id=job_id, operator_id=operator_id, window=chunk.window,
+                             epoch=chunk.epoch, size=len(body),
+                             checksum=await _checksum(body)),
+        has_parent=chunk.parent is not None, parent_window=chunk.parent or 0,
+        header=chunk.header, entries=chunk.entries, entry_count=chunk.count,
+        window_end=chunk.window_end,
+    )

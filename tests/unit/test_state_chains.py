@@ -1,0 +1,258 @@
+"""Keyed state as window deltas compacted into a base, on a real SQLite file:
+delta capture, compaction, restore from base + deltas, and crashes (SIGKILL of
+a real process) between a delta and its compaction and in the middle of one."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gridstream.codec import pack, unpack
+from gridstream.errors import StaleEpoch
+from gridstream.jobspec import Stage
+from gridstream.replicas import StateWindowRead, StoredState
+from services.stateserver.layout import MissingParent, StateWindow
+from services.stateserver.rows import decode_state_entries
+from services.stateserver.store import SnapshotStore
+from services.worker.operators import DELETED, OperatorChain
+from services.worker.snapshots import apply_stored, pack_changes
+
+JOB = "job-1"
+OP = "job-1/t0/p0"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def keep_or_drop(state: Any, value: Any) -> tuple[Any, list[Any]]:
+    """A stateful stage: adds the value, or deletes the key on None."""
+    if value is None:
+        return None, []
+    return (state or 0) + value, []
+
+
+def chain() -> OperatorChain:
+    return OperatorChain([Stage("sum", "stateful", f"{__name__}:keep_or_drop", key="m:k"),
+                          Stage("sink", "sink")], "test")
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SnapshotStore]:
+    async with SnapshotStore(tmp_path / "state.sqlite3", max_deltas=3) as opened:
+        yield opened
+
+
+async def window_of(c: OperatorChain, window: int, parent: int | None) -> StateWindow:
+    """What a worker sends for its current window, as the store receives it."""
+    changes = c.capture_delta() if parent is not None else c.capture_full()
+    entries = []
+    for data, count in await pack_changes(changes, chunk_entries=7):
+        entries.extend(decode_state_entries(data, count))
+    return StateWindow(JOB, OP, window, 1, parent, pack({"offset": window}), entries)
+
+
+async def read(store: SnapshotStore, after: int | None = None) -> StoredState | None:
+    """The store's state as a worker receives it (native entries)."""
+    windows: list[StateWindowRead] = []
+    ended = True
+    async for chunk in store.states.read(JOB, OP, after, chunk_entries=5):
+        if ended:
+            windows.append(StateWindowRead(chunk.window, chunk.parent, chunk.header))
+        windows[-1].chunks.append(chunk.entries)
+        ended = chunk.window_end
+    return StoredState(windows[-1].window, windows[-1].header, windows) if windows else None
+
+
+async def restored(store: SnapshotStore) -> dict[Any, Any]:
+    stored = await read(store)
+    assert stored is not None
+    c = chain()
+    await apply_stored(c, stored)
+    return c.states["sum"]
+
+
+def test_a_window_captures_only_the_keys_it_touched() -> None:
+    c = chain()
+    c.process(["a", "b", "c"], [1, 2, 3], "b#1")
+    assert c.capture_delta() == {"sum": {"a": 1, "b": 2, "c": 3}}
+    c.process(["b", "c"], [5, None], "b#2")  # b written, c deleted
+    assert c.capture_delta() == {"sum": {"b": 7, "c": DELETED}}
+    assert c.capture_delta() == {}  # an idle window carries nothing
+    assert c.capture_full() == {"sum": {"a": 1, "b": 7}}
+
+
+async def test_deltas_chain_onto_a_base_and_restore_the_same_state(
+        store: SnapshotStore) -> None:
+    store.states.auto_compact = False
+    c = chain()
+    c.process([f"k{i}" for i in range(20)], list(range(20)), "b#1")
+    assert await store.states.put(await window_of(c, 0, None))
+    c.process(["k1", "k2", "new"], [100, None, 5], "b#2")
+    assert await store.states.put(await window_of(c, 1, 0))
+    c.process(["k1"], [None], "b#3")
+    delta = await window_of(c, 2, 1)
+    assert len(delta.entries) == 1  # bytes follow the keys touched
+    assert await store.states.put(delta)
+    assert await store.states.put(delta) is False  # a retry is a no-op
+    stored = await read(store)
+    assert stored is not None and stored.window == 2 and unpack(stored.header) == {"offset": 2}
+    assert [w.parent for w in stored.windows] == [None, 0, 1]
+    assert await restored(store) == c.states["sum"]
+    # A reader holding window 1 gets only what came after it.
+    after = await read(store, after=1)
+    assert after is not None and [w.window for w in after.windows] == [2]
+
+
+async def test_compaction_folds_into_the_base_and_bounds_the_deltas(
+        store: SnapshotStore) -> None:
+    c = chain()
+    c.process(["a", "b"], [1, 2], "b#0")
+    await store.states.put(await window_of(c, 0, None))
+    for window in range(1, 12):
+        c.process([f"k{window}", "a", f"k{window - 1}"], [window, 1, None], f"b#{window}")
+        await store.states.put(await window_of(c, window, window - 1))
+    await asyncio.sleep(0.1)  # the compactor runs in the background
+    await store.states.compact(JOB, OP)
+    head = await store.states.head(JOB, OP)
+    assert head is not None and head.head_window == 11 and head.deltas == 1
+    assert head.base_window == 10 and store.states.folds == 10
+    assert await restored(store) == c.states["sum"] == {"a": 12, "b": 2, "k11": 11}
+
+
+async def test_a_delta_without_its_parent_is_refused_and_stores_nothing(
+        store: SnapshotStore) -> None:
+    c = chain()
+    c.process(["a"], [1], "b#0")
+    with pytest.raises(MissingParent, match="holds no state"):
+        await store.states.put(await window_of(c, 5, 4))
+    await store.states.put(await window_of(c, 0, None))
+    c.process(["a"], [1], "b#1")
+    with pytest.raises(MissingParent, match="missing parent window 4"):
+        await store.states.put(await window_of(c, 5, 4))
+    head = await store.states.head(JOB, OP)
+    assert head is not None and head.head_window == 0
+
+
+async def test_a_new_owner_claims_the_operator_and_its_history_wins(
+        store: SnapshotStore) -> None:
+    old = chain()
+    old.process(["a"], [1], "b#0")
+    await store.states.put(await window_of(old, 0, None))
+    old.process(["a"], [1], "b#1")
+    await store.states.put(await window_of(old, 1, 0))
+    # The new owner (epoch 3) claims the operator and restores window 1 ...
+    head = await store.states.head(JOB, OP, claim_epoch=3)
+    assert head is not None and head.head_window == 1
+    new = chain()
+    stored = await read(store)
+    assert stored is not None
+    await apply_stored(new, stored)
+    # ... after which the old owner can no longer write.
+    old.process(["a"], [1], "b#2")
+    with pytest.raises(StaleEpoch):
+        await store.states.put(await window_of(old, 2, 1))
+    # A window the old owner stored after the new one read is dropped by the
+    # new owner's first delta, which continues from what it restored.
+    await store.states.put(StateWindow(JOB, OP, 2, 1, 1, b"", [("sum", pack("zombie"),
+                                                                  pack(1))]), fenced=False)
+    new.process(["b"], [1], "b#2'")
+    window = await window_of(new, 3 << 20, 1)
+    assert await store.states.put(StateWindow(JOB, OP, window.window, 3, 1, window.header,
+                                              window.entries))
+    assert await restored(store) == {"a": 2, "b": 1}
+    with pytest.raises(StaleEpoch):
+        await store.states.head(JOB, OP, claim_epoch=2)
+
+
+async def test_holdings_and_cleanup_cover_the_state(store: SnapshotStore) -> None:
+    c = chain()
+    c.process(["a"], [1], "b#0")
+    await store.states.put(await window_of(c, 0, None))
+    assert [h.state_window for h in await store.holdings(JOB)] == [0]
+    assert await store.job_ids() == [JOB]
+    await store.drop_operator(JOB, OP)
+    assert await store.holdings(JOB) == []
+    assert await read(store) is None
+
+
+_WRITER = textwrap.dedent("""
+    import asyncio, os, signal, sys
+    from gridstream.codec import pack
+    from services.stateserver.layout import StateWindow
+    from services.stateserver.store import SnapshotStore
+
+    async def main(path: str, mode: str) -> None:
+        store = await SnapshotStore(path, max_deltas=1).open()
+        if mode == "write":
+            store.states.auto_compact = False
+            base = [("sum", pack(f"k{i}"), pack(i)) for i in range(60_000)]
+            await store.states.put(StateWindow("job-1", "job-1/t0/p0", 0, 1, None, b"h0", base))
+            for w in range(1, 4):
+                delta = [("sum", pack(f"k{i}"), pack(i * w)) for i in range(0, 60_000, 2)]
+                delta.append(("sum", pack(f"k{w}"), None))
+                await store.states.put(StateWindow("job-1", "job-1/t0/p0", w, 1, w - 1,
+                                                   f"h{w}".encode(), delta))
+        else:
+            print("folding", flush=True)
+            await store.states.compact("job-1", "job-1/t0/p0")
+            print("folded", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)  # no close: a crash
+
+    asyncio.run(main(sys.argv[1], sys.argv[2]))
+""")
+
+
+def expected_after_crash() -> dict[str, int]:
+    state = {f"k{i}": i for i in range(60_000)}
+    for w in range(1, 4):
+        state.update({f"k{i}": i * w for i in range(0, 60_000, 2)})
+        state.pop(f"k{w}", None)
+    return state
+
+
+def run_writer(path: Path, mode: str, kill_after_s: float | None = None) -> int:
+    """Runs the writer in a real process; SIGKILLs it after ``kill_after_s``."""
+    process = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), mode], cwd=ROOT,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if kill_after_s is not None:
+        assert process.stdout is not None
+        process.stdout.readline()  # "folding"
+        try:
+            process.wait(kill_after_s)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGKILL)
+    process.wait(60)
+    return process.returncode
+
+
+async def test_a_crash_between_deltas_and_their_compaction_restores_correctly(
+        tmp_path: Path) -> None:
+    path = tmp_path / "state.sqlite3"
+    assert run_writer(path, "write") == -signal.SIGKILL
+    expected = expected_after_crash()
+    async with SnapshotStore(path, max_deltas=1) as store:
+        head = await store.states.head(JOB, OP)
+        assert head is not None and (head.base_window, head.head_window) == (0, 3)
+        assert await restored(store) == expected
+    # Killed in the middle of a fold (or just before or after it): the fold is
+    # one transaction, so the state reads the same whatever the moment.
+    for kill_after_s in (0.0, 0.02, 0.05, 0.1, 5.0):
+        run_writer(path, "compact", kill_after_s)
+        async with SnapshotStore(path, max_deltas=1) as store:
+            store.states.auto_compact = False
+            head = await store.states.head(JOB, OP)
+            assert head is not None and head.head_window == 3
+            assert await restored(store) == expected, kill_after_s
+    async with SnapshotStore(path, max_deltas=1) as store:
+        await store.states.compact(JOB, OP)
+        head = await store.states.head(JOB, OP)
+        assert head is not None and (head.base_window, head.deltas) == (2, 1)
+        assert await restored(store) == expected
