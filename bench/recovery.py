@@ -1,19 +1,30 @@
-"""Failure detection and recovery, over many kills.
+"""Recovery as the keyed state grows: snapshot bytes per window, restore time,
+kill -> processing, kill -> a post-kill batch acknowledged, heartbeat gaps.
 
-Streams wordcount through a supervised local cluster while ``--kills`` workers
-are killed with SIGKILL one after another (each after the cluster healed from
-the previous one). For every kill it records:
+For each state size (``--keys``, default 10k, 100k and 1M distinct keys) a
+supervised local cluster (3 workers, 2 state servers, 12 partitions) runs a
+keyed count (wordcount) that first receives every key once, then a steady
+load of updates to random keys (each window touches at most ``window_size``
+keys). Then one worker is killed with SIGKILL while the load goes on, and it
+records:
 
-- detection: SIGKILL to the scheduler declaring the worker dead (phi accrual);
-- resume: SIGKILL to the first acknowledged batch on every partition the
-  victim owned (its records flowing again, on the new owners);
-- healthy: SIGKILL to every worker alive again (restarted by the supervisor
-  after 2 s) and every JobContainer fully replicated at the current epoch.
+- bytes/window: mean and max size of the stored window deltas of the
+  counting task (the state servers keep the newest few; older ones are
+  compacted into the base), next to the whole state of one partition, which
+  is what every window carried before snapshots became incremental;
+- restore: the longest per-task restore of a victim's counting partition
+  (read base + deltas, apply), from the new owners' logs;
+- processing: SIGKILL to every victim counting partition restored on its
+  new owner (ready to process);
+- acked: SIGKILL to a probe batch acknowledged on every victim partition;
+- heartbeat gap: the longest heartbeat age of a live worker seen by the
+  scheduler during the run (0.25 s interval: the excess is event-loop lag).
 
-Then drains the job and checks the results against the fault-free reference.
-Prints medians and maxima and writes ``bench/out/recovery.txt`` and ``.png``.
+The job's results are checked against the reference at the end. Prints a
+table and writes ``recovery.txt`` and ``recovery.png`` to ``--out`` (a
+temporary directory unless given; never inside the repository).
 
-    .venv/bin/python bench/recovery.py [--kills 10]
+    .venv/bin/python bench/recovery.py [--keys 10000,100000,1000000] [--out DIR]
 """
 
 from __future__ import annotations
@@ -21,24 +32,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import re
 import signal
-import statistics
+import sqlite3
 import sys
 import tempfile
 import time
+from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gridstream.chaos import detection_time, wait_healthy
+from gridstream.chaos import wait_healthy
 from gridstream.client import Client
 from gridstream.config import Config
-from gridstream.demo import compare
 from gridstream.examples import wordcount
 from gridstream.ids import partition_for_key
 from gridstream.local import LocalCluster
 
-OUT = Path(__file__).resolve().parent / "out"
+PARTITIONS = 12
+WORDS_PER_LINE = 10
+_STARTED = re.compile(r"^(\S+ \S+) .*?/t1/p(\d+) started: snapshot window (\S+),.*\((\d+\.\d+)s\)")
 
 
 def probe_keys(partitions: int) -> dict[int, str]:
@@ -52,8 +67,8 @@ def probe_keys(partitions: int) -> dict[int, str]:
     return keys
 
 
-async def resume_time(client: Client, job_id: str, partitions: list[int], keys: dict[int, str],
-                      killed: float) -> float:
+async def acked_time(client: Client, job_id: str, partitions: list[int], keys: dict[int, str],
+                     killed: float) -> float:
     """Seconds from the kill until a probe on every given partition is acknowledged."""
     async def one(p: int) -> float:
         await client.send(job_id, [f"{keys[p]} probe"], keys=[keys[p]])
@@ -61,90 +76,195 @@ async def resume_time(client: Client, job_id: str, partitions: list[int], keys: 
     return max(await asyncio.gather(*(one(p) for p in partitions)))
 
 
-async def run(kills: int, seed: int) -> tuple[list[dict[str, float]], bool]:
+def restored_after(log_dir: Path, partitions: list[int], since_wall: float
+                   ) -> dict[int, tuple[float, float]]:
+    """partition -> (wall time, restore seconds) of the first restore of its
+    counting task from a snapshot after ``since_wall``, from the workers' logs."""
+    found: dict[int, tuple[float, float]] = {}
+    for path in sorted(log_dir.glob("worker-*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            match = _STARTED.match(line)
+            if match is None or match[3] == "None":
+                continue
+            wall = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            partition = int(match[2])
+            if wall >= since_wall and partition in partitions:
+                if partition not in found or wall < found[partition][0]:
+                    found[partition] = (wall, float(match[4]))
+    return found
+
+
+def window_bytes(db: Path, job_id: str) -> tuple[float, int, float, int]:
+    """(mean, max) bytes of the stored deltas of the counting task, and the
+    whole state's bytes and keys per partition."""
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        mean, top = conn.execute(
+            "SELECT AVG(size), MAX(size) FROM state_deltas WHERE operator_id LIKE ?",
+            (f"{job_id}/t1/%",)).fetchone()
+        size, count = conn.execute(
+            "SELECT SUM(length(key) + length(value)), COUNT(*) FROM state_entries "
+            "WHERE operator_id LIKE ?", (f"{job_id}/t1/%",)).fetchone()
+        operators = conn.execute(
+            "SELECT COUNT(*) FROM state_heads WHERE operator_id LIKE ?",
+            (f"{job_id}/t1/%",)).fetchone()[0] or 1
+    return float(mean or 0), int(top or 0), float(size or 0) / operators, int(count or 0)
+
+
+async def heartbeat_gaps(client: Client, gaps: dict[str, float], skip: set[str],
+                         stop: asyncio.Event) -> None:
+    """Records the longest heartbeat age per live worker, as the scheduler sees it."""
+    while not stop.is_set():
+        try:
+            status = await client.status()
+            for member in status.members:
+                name = member.member.node_id
+                if name.startswith("worker") and name not in skip:
+                    gaps[name] = max(gaps.get(name, 0.0), member.last_heartbeat_age_s)
+        except Exception:  # the scheduler busy for a moment: the next poll tells
+            pass
+        await asyncio.sleep(0.05)
+
+
+async def run_size(keys: int, seed: int, keep: Path | None = None) -> dict[str, float]:
+    """One cluster, one state size, one kill."""
     rng = random.Random(seed)
-    rows: list[dict[str, float]] = []
-    lines = wordcount.generate(120_000 * max(1, kills // 3), seed=seed)
-    probes: list[str] = []
-    with tempfile.TemporaryDirectory(prefix="gridstream-recovery-") as run_dir:
+    words = [f"w{i}" for i in range(keys)]
+    build = [" ".join(words[i:i + WORDS_PER_LINE]) for i in range(0, keys, WORDS_PER_LINE)]
+    sent: list[str] = list(build)
+    figures: dict[str, float] = {"keys": keys}
+    with tempfile.TemporaryDirectory(prefix="gridstream-recovery-") as temp_dir:
+        run_dir = str(keep / f"{keys}") if keep else temp_dir
         cluster = LocalCluster(run_dir, Config(), workers=3, state_servers=2, supervise=True,
                                restart_delay_s=2.0)
-        async with cluster, Client(cluster.scheduler_address, batch_size=1_000) as client:
-            job_id = await client.submit(wordcount.job())
-            routing = await client._routing(job_id)
-            keys = probe_keys(routing.partitions)
+        async with cluster, Client(cluster.scheduler_address, batch_size=2_000) as client:
+            job_id = await client.submit(wordcount.job(partitions=PARTITIONS))
+            gaps: dict[str, float] = {}
+            skip: set[str] = set()
             stop = asyncio.Event()
-            sent = 0
+            watcher = asyncio.create_task(heartbeat_gaps(client, gaps, skip, stop))
+            started = time.monotonic()
+            for start in range(0, len(build), 5_000):
+                await client.send(job_id, build[start:start + 5_000])
+            await client.drain(job_id, timeout_s=1800)
+            figures["build_s"] = time.monotonic() - started
 
-            async def feed() -> None:
-                nonlocal sent
-                for start in range(0, len(lines), 1_000):
-                    await client.send(job_id, lines[start:start + 1_000])
-                    sent = min(len(lines), start + 1_000)
-                    if stop.is_set():
-                        return
-                    await asyncio.sleep(0.02)
+            feeding = asyncio.Event()
 
-            sender = asyncio.create_task(feed())
-            for i in range(kills):
-                await asyncio.sleep(0.5)
-                victim = rng.choice(["worker-1", "worker-2", "worker-3"])
-                routing = await client._routing(job_id, refresh=True)
-                owned = [p for p, o in enumerate(routing.owners) if o == victim]
-                wall, killed = time.time(), time.monotonic()
-                cluster.kill(victim, signal.SIGKILL)
-                resume_task = asyncio.create_task(
-                    resume_time(client, job_id, owned, keys, killed))
-                detected = await detection_time(client, victim, wall)
-                resumed = await resume_task
-                probes.extend(f"{keys[p]} probe" for p in owned)
-                await wait_healthy(client, job_id, 3, timeout_s=60)
-                healthy = time.monotonic() - killed
-                rows.append({"detected": detected or float("nan"), "resumed": resumed,
-                             "healthy": healthy})
-                print(f"  kill {i + 1:>2} {victim}: detected {detected:.2f}s, resumed "
-                      f"{resumed:.2f}s, healthy {healthy:.2f}s", flush=True)
+            async def feed(seconds: float) -> None:
+                end = time.monotonic() + seconds
+                while time.monotonic() < end or feeding.is_set():
+                    lines = [" ".join(rng.choice(words) for _ in range(WORDS_PER_LINE))
+                             for _ in range(500)]
+                    await client.send(job_id, lines)
+                    sent.extend(lines)
+                    await asyncio.sleep(0.05)
+
+            await feed(6.0)  # steady windows
+            mean, top, whole, held = window_bytes(
+                Path(run_dir) / "state-1" / "state.sqlite3", job_id)
+            figures.update(window_mean=mean, window_max=top, whole_partition=whole)
+            routing = await client._routing(job_id, refresh=True)
+            victim = "worker-2"
+            owned = [p for p, o in enumerate(routing.owners) if o == victim]
+            probes = probe_keys(PARTITIONS)
+            feeding.set()
+            load = asyncio.create_task(feed(0))
+            skip.add(victim)
+            wall, killed = time.time(), time.monotonic()
+            cluster.kill(victim, signal.SIGKILL)
+            figures["acked_s"] = await acked_time(client, job_id, owned, probes, killed)
+            sent.extend(f"{probes[p]} probe" for p in owned)
+            log_dir = Path(run_dir) / "logs"
+            deadline = time.monotonic() + 300
+            restored = restored_after(log_dir, owned, wall)
+            while len(restored) < len(owned) and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+                restored = restored_after(log_dir, owned, wall)
+            figures["processing_s"] = max(w for w, _ in restored.values()) - wall
+            figures["restore_s"] = max(r for _, r in restored.values())
+            feeding.clear()
+            await load
+            await wait_healthy(client, job_id, 3, timeout_s=300)
+            await client.drain(job_id, timeout_s=1800)
             stop.set()
-            await sender
-            await client.drain(job_id, timeout_s=120)
+            await watcher
+            figures["heartbeat_gap_s"] = max(gaps.values(), default=float("nan"))
             actual = await client.results(job_id)
-    expected = wordcount.reference(lines[:sent] + probes)
-    return rows, compare(actual, expected) == (0, 0, 0)
+    expected: Counter[str] = Counter()
+    for line in sent:
+        expected.update(line.split())
+    figures["matched"] = float(actual == dict(expected))
+    figures["state_keys"] = held
+    return figures
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--kills", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=1)
-    args = parser.parse_args()
-    rows, matched = asyncio.run(run(args.kills, args.seed))
-    lines = [f"{'measure':<12}{'median (s)':>12}{'max (s)':>10}{'kills':>7}"]
-    for measure in ("detected", "resumed", "healthy"):
-        values = [r[measure] for r in rows if r[measure] == r[measure]]
-        lines.append(f"{measure:<12}{statistics.median(values):>12.2f}{max(values):>10.2f}"
-                     f"{len(values):>7}")
-    lines.append(f"results after {len(rows)} kills: "
-                 f"{'match the fault-free reference' if matched else 'DIFFER'}")
-    table = "\n".join(lines)
-    print("\n" + table)
-    OUT.mkdir(exist_ok=True)
-    (OUT / "recovery.txt").write_text(table + "\n")
+def table(rows: list[dict[str, float]]) -> str:
+    head = (f"{'keys':>10}{'bytes/window':>14}{'max':>10}{'whole part.':>13}{'restore s':>11}"
+            f"{'processing s':>14}{'acked s':>9}{'hb gap s':>10}{'build s':>9}  results")
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{int(r['keys']):>10,}{r['window_mean']:>14,.0f}{r['window_max']:>10,.0f}"
+            f"{r['whole_partition']:>13,.0f}{r['restore_s']:>11.3f}{r['processing_s']:>14.2f}"
+            f"{r['acked_s']:>9.2f}{r['heartbeat_gap_s']:>10.2f}{r['build_s']:>9.1f}  "
+            f"{'match' if r['matched'] else 'DIFFER'}")
+    lines.append("bytes/window: stored window deltas of the counting task (mean, max); whole "
+                 "part.: one partition's whole state (what each window carried before deltas)")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, float]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4))
-    xs = list(range(1, len(rows) + 1))
-    for measure in ("detected", "resumed", "healthy"):
-        ax.plot(xs, [r[measure] for r in rows], marker="o", label=measure)
-    ax.set_xlabel("kill")
-    ax.set_ylabel("seconds after SIGKILL")
-    ax.set_title("Detection, resumption and full recovery per kill")
-    ax.legend()
+    xs = [r["keys"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot(xs, [r["window_mean"] for r in rows], marker="o", label="bytes per window (delta)")
+    left.plot(xs, [r["whole_partition"] for r in rows], marker="s",
+              label="whole state of a partition")
+    left.set_xscale("log")
+    left.set_yscale("log")
+    left.set_xlabel("keys of state")
+    left.set_ylabel("bytes")
+    left.legend()
+    for measure, label in (("restore_s", "restore (per task)"),
+                           ("processing_s", "kill -> processing"),
+                           ("acked_s", "kill -> post-kill batch acked"),
+                           ("heartbeat_gap_s", "worst heartbeat gap")):
+        right.plot(xs, [r[measure] for r in rows], marker="o", label=label)
+    right.set_xscale("log")
+    right.set_xlabel("keys of state")
+    right.set_ylabel("seconds")
+    right.legend()
+    fig.suptitle("Recovery as state grows (3 workers, 2 state servers, 12 partitions)")
     fig.tight_layout()
-    fig.savefig(OUT / "recovery.png", dpi=100)
-    print(f"plot: {OUT / 'recovery.png'}")
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--keys", default="10000,100000,1000000",
+                        help="comma-separated state sizes (distinct keys)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="keep each cluster's data and logs under this directory")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where recovery.txt and recovery.png go (default: a temp dir)")
+    args = parser.parse_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="gridstream-bench-"))
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for keys in (int(k) for k in args.keys.split(",")):
+        print(f"{keys:,} keys ...", flush=True)
+        rows.append(asyncio.run(run_size(keys, args.seed, args.keep)))
+        print(table(rows[-1:]), flush=True)
+    text = table(rows)
+    print("\n" + text)
+    (out / "recovery.txt").write_text(text + "\n")
+    plot(rows, out / "recovery.png")
+    print(f"table: {out / 'recovery.txt'}\nplot: {out / 'recovery.png'}")
 
 
 if __name__ == "__main__":

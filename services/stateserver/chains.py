@@ -235,7 +235,8 @@ class StateChains:
         await conn.executemany(
             'INSERT OR REPLACE INTO state_delta_entries (job_id, operator_id, "window", stage, '
             "key, value) VALUES (?, ?, ?, ?, ?, ?)",
-            [(*key, w.window, stage, k, v) for stage, k, v in w.entries])
+            # A generator: the rows are built in aiosqlite's thread, not on the loop.
+            ((*key, w.window, stage, k, v) for stage, k, v in w.entries))
         await conn.execute(
             "UPDATE state_heads SET head_window = ? WHERE job_id = ? AND operator_id = ?",
             (w.window, *key))
@@ -251,7 +252,7 @@ class StateChains:
         await conn.executemany(
             "INSERT OR REPLACE INTO state_entries (job_id, operator_id, stage, key, value) "
             "VALUES (?, ?, ?, ?, ?)",
-            [(*key, stage, k, v) for stage, k, v in w.entries if v is not None])
+            ((*key, stage, k, v) for stage, k, v in w.entries if v is not None))
         await conn.execute(
             "INSERT INTO state_heads (job_id, operator_id, base_window, base_epoch, base_header, "
             "head_window) VALUES (?, ?, ?, ?, ?, ?)",

@@ -1,0 +1,109 @@
+"""A big state is snapshotted and restored without holding the event loop that
+sends heartbeats: capture, packing, storing (real SQLite) and applying go a
+chunk at a time. Also the persister's merging of unwritten windows."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from gridstream.codec import pack
+from gridstream.config import ClusterConfig
+from gridstream.jobspec import Stage
+from gridstream.replicas import StateWindowRead, StoredState
+from services.stateserver.layout import StateWindow
+from services.stateserver.rows import decode_state_entries
+from services.stateserver.store import SnapshotStore
+from services.worker.operators import DELETED, OperatorChain
+from services.worker.snapshots import PendingSnapshot, apply_stored, pack_changes
+
+KEYS = 300_000
+TOLERANCE_S = ClusterConfig().heartbeat_interval_s
+"""One heartbeat interval: the detector tolerates three (its acceptable pause)
+before suspicion rises, so a stall below one cannot convict a busy worker."""
+
+
+def counting_chain() -> OperatorChain:
+    return OperatorChain([Stage("count", "reduce", "gridstream.builtins:count", key="m:k",
+                                initial=0), Stage("sink", "sink")], "test")
+
+
+async def worst_lag(work: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
+    """Runs ``work`` beside a 5 ms ticker (a heartbeat stand-in); returns the
+    ticker's worst lateness and the work's result."""
+    worst = 0.0
+    done = asyncio.Event()
+
+    async def tick() -> None:
+        nonlocal worst
+        while not done.is_set():
+            before = time.perf_counter()
+            await asyncio.sleep(0.005)
+            worst = max(worst, time.perf_counter() - before - 0.005)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.01)
+    try:
+        result = await work()
+    finally:
+        done.set()
+        await ticker
+    return worst, result
+
+
+async def test_a_large_snapshot_and_restore_do_not_delay_heartbeats(tmp_path: Path) -> None:
+    source = counting_chain()
+    keys = [f"key-{i}" for i in range(KEYS)]
+    for start in range(0, KEYS, 10_000):
+        source.process(keys[start:start + 10_000], keys[start:start + 10_000], f"b#{start}")
+    lags: dict[str, float] = {}
+    async with SnapshotStore(tmp_path / "state.sqlite3") as store:
+        # The first window carries the whole state (no parent).
+        lag, changes = await worst_lag(lambda: asyncio.sleep(0, source.capture_full()))
+        lags["capture"] = lag
+        lag, chunks = await worst_lag(lambda: pack_changes(changes))
+        lags["pack"] = lag
+
+        async def store_it() -> None:
+            entries = []
+            for data, count in chunks:
+                entries.extend(decode_state_entries(data, count))
+                await asyncio.sleep(0)
+            await store.states.put(StateWindow("j", "j/t0/p0", 0, 1, None, pack({}), entries))
+
+        lags["store"], _ = await worst_lag(store_it)
+
+        async def read_it() -> StoredState:
+            windows: list[StateWindowRead] = []
+            async for chunk in store.states.read("j", "j/t0/p0"):
+                if not windows:
+                    windows.append(StateWindowRead(chunk.window, chunk.parent, chunk.header))
+                windows[-1].chunks.append(chunk.entries)
+            return StoredState(0, b"", windows)
+
+        lags["read"], stored = await worst_lag(read_it)
+        target = counting_chain()
+        lags["apply"], applied = await worst_lag(lambda: apply_stored(target, stored))
+    assert applied == KEYS and target.states == source.states
+    assert max(lags.values()) < TOLERANCE_S, lags
+
+
+def test_an_unwritten_window_is_absorbed_by_the_next_on_its_parent() -> None:
+    older = PendingSnapshot(5, 50, b"h5", {"s": {"a": 1, "b": 2}}, parent=4)
+    newer = PendingSnapshot(6, 60, b"h6", {"s": {"b": DELETED, "c": 3}}, parent=5)
+    merged = newer.absorb(older)
+    assert (merged.window, merged.offset, merged.header, merged.parent) == (6, 60, b"h6", 4)
+    assert merged.changes == {"s": {"a": 1, "b": DELETED, "c": 3}}
+    whole = PendingSnapshot(7, 70, b"h7", {"s": {"a": 1}}, parent=None)
+    assert whole.absorb(merged) is whole
+
+
+async def test_packed_chunks_stay_small_and_decode_to_the_changes() -> None:
+    changes = {"s": {f"k{i}": "x" * 100 for i in range(30_000)} | {"gone": DELETED}}
+    chunks = await pack_changes(changes, chunk_entries=5_000, chunk_bytes=256 * 1024)
+    assert len(chunks) > 6 and all(len(data) < 400 * 1024 for data, _ in chunks)
+    decoded = [entry for data, count in chunks for entry in decode_state_entries(data, count)]
+    assert len(decoded) == 30_001 and decoded[-1] == ("s", pack("gone"), None)
