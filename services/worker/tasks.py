@@ -255,9 +255,18 @@ class TaskRunner:
             offset = max(offset, self.container.next_offset)
             self.container.skip_to(offset)
         if self.tracking is not None:
+            # Below the snapshot's offset, only batches of roots still pending
+            # when it was taken are tracked again: the snapshot holds a row for
+            # every processed batch of a pending root and none for a completed
+            # root's (dropped when it completed), whose batches may still sit
+            # in the log until trimmed. Taking those for pending would leave
+            # roots that no contribution can ever complete.
+            rows = saved.get("tracking") or []
+            pending_below = {int(row[0]) for row in rows}
             for entry in self.container.retained():
-                self.tracking.retain(entry.offset, entry.root or self._tuple_id(entry))
-            self.tracking.restore(saved.get("tracking") or [], offset)
+                if entry.offset >= offset or entry.offset in pending_below:
+                    self.tracking.retain(entry.offset, entry.root or self._tuple_id(entry))
+            self.tracking.restore(rows, offset)
             # Whether the restored contributions reached their trackers before the
             # crash is unknown: their trackers rebuild those roots from the tasks.
             self._needs_rebuild = self.tracking.reported_roots()
