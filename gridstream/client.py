@@ -104,6 +104,8 @@ class Client:
         self._table = scheduler_pb2.RoutingTable()
         self._sequences: dict[tuple[str, int], int] = {}
         self._pending: dict[tuple[str, int], worker_pb2.Segment] = {}
+        self._acked: dict[tuple[str, int], int] = {}
+        """(job, partition) -> the last sequence acknowledged on this client's channel."""
         self._partition_locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._round_robin = itertools.count()
         self._state = ReplicaClient(RoutingView(self._scheduler, virtual_nodes=100),
@@ -402,11 +404,16 @@ class Client:
                         del self._pending[seq_key]  # refused: it was never appended
                     raise
                 del self._pending[seq_key]
+                self._acked[seq_key] = held.sequence
             queue: collections.deque[Batch] = collections.deque(batches)
             while queue:
                 batch = queue.popleft()
                 sequence = self._sequences.get(seq_key, 0) + 1
                 segment = self._segment(partition, self.channel_name, sequence, batch, True)
+                if segment is not None and self._acked.get(seq_key) == sequence - 1:
+                    # The batch before was acknowledged: a container that does not
+                    # hold it has lost it, and says so (docs/recovery.md).
+                    segment.previous_sequence = sequence - 1
                 if segment is None:
                     queue.extendleft(reversed(_halves(batch)))
                     continue
@@ -423,6 +430,7 @@ class Client:
                         self._pending[seq_key] = segment
                     raise
                 self._sequences[seq_key] = sequence
+                self._acked[seq_key] = sequence
 
     async def _push(self, job_id: str, segment: worker_pb2.Segment) -> None:
         """Pushes one segment to its owner until acknowledged, following
