@@ -83,13 +83,20 @@ async def _status(args: argparse.Namespace) -> int:
                   f"{job.spec.partitions:>10}  {job.error}")
         if args.job:
             progress = await client.progress(args.job)
-            print(f"\njob {args.job}: drained={progress.drained}")
+            print(f"\njob {args.job}: drained={progress.drained}"
+                  + ("" if progress.drained else f" (holding: {progress.holding})"))
             print(f"{'task':>4}{'part':>5}{'node':>11}{'in':>11}{'done':>11}{'out':>11}"
-                  f"{'queued':>9}{'windows':>8}{'dead':>6}")
+                  f"{'queued':>9}{'windows':>8}{'dead':>6}{'roots':>7}{'failed':>7}"
+                  f"{'lost':>6}{'restarts':>9}")
             for t in sorted(progress.tasks, key=lambda t: (t.task, t.partition)):
                 print(f"{t.task:>4}{t.partition:>5}{t.node_id:>11}{t.records_in:>11}"
                       f"{t.records_processed:>11}{t.records_out:>11}{t.queue_records:>9}"
-                      f"{t.windows_persisted:>8}{t.dead_letters:>6}")
+                      f"{t.windows_persisted:>8}{t.dead_letters:>6}{t.roots_pending:>7}"
+                      f"{t.roots_failed:>7}{t.batches_lost:>6}{t.restarts:>9}")
+            from gridstream.watch import job_warnings
+
+            for warning in job_warnings(args.job, progress):
+                print(f"  ! {warning}")
     return 0
 
 

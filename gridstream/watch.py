@@ -27,6 +27,28 @@ class StageFigures:
     persist_pending: int = 0
 
 
+def job_warnings(job_id: str, progress: scheduler_pb2.JobProgress) -> list[str]:
+    """What an operator must know about a job now, with what to do: lost
+    batches, abandoned or long-pending tuple trees, tasks that restarted, and
+    what holds a drain. Plain logic over one progress report (unit-tested)."""
+    warnings = [f"{job_id}: DATA LOSS {loss} — more simultaneous failures than "
+                "cluster.backup_count; results are incomplete" for loss in progress.losses]
+    failed = sum(t.roots_failed for t in progress.tasks)
+    pending = sum(t.roots_pending for t in progress.tasks)
+    if failed:
+        warnings.append(f"{job_id}: {failed} tuple trees timed out and were rebuilt, {pending} "
+                        "pending; if it keeps growing, a task is stuck or tracking_timeout_s "
+                        "is below the queueing delay")
+    for t in sorted(progress.tasks, key=lambda t: (t.task, t.partition)):
+        if t.restarts:
+            warnings.append(f"{job_id} task {t.task} partition {t.partition} on {t.node_id}: "
+                            f"restarted {t.restarts} times from its snapshot (last error: "
+                            f"{t.last_error or '?'}); see that worker's log")
+    if not progress.drained and progress.holding and pending:
+        warnings.append(f"{job_id}: not drained: {progress.holding}")
+    return warnings
+
+
 def trend_warnings(job_id: str, task: int, past: list[StageFigures]) -> list[str]:
     """Warnings for a stage whose queue or persistence backlog grew at every one
     of the last GROWTH_WINDOW refreshes."""
@@ -55,6 +77,7 @@ class Watcher:
         status = await self.client.status()
         lines = [f"gridstream — epoch {status.epoch} — {time.strftime('%H:%M:%S')}", ""]
         lines.append(f"{'member':<12}{'role':<12}{'state':<9}{'partitions':>10}{'phi':>7}")
+        pending_roots: dict[str, tuple[int, int, int]] = {}
         warnings: list[str] = []
         for m in status.members:
             role = "worker" if m.member.role == scheduler_pb2.MEMBER_ROLE_WORKER else "state"
@@ -76,6 +99,11 @@ class Watcher:
             except GridstreamError as exc:
                 warnings.append(f"{job.job_id}: progress unavailable ({exc})")
                 continue
+            warnings += job_warnings(job.job_id, progress)
+            pending_roots[job.job_id] = (
+                sum(t.roots_pending for t in progress.tasks),
+                sum(t.roots_failed for t in progress.tasks),
+                sum(t.batches_lost for t in progress.tasks))
             stages: dict[int, StageFigures] = defaultdict(StageFigures)
             for t in progress.tasks:
                 figures = stages[t.task]
@@ -92,6 +120,11 @@ class Watcher:
                 lines.append(f"{job.job_id:<24}{task:>5}{rate:>12,.0f}{figures.queued:>10,}"
                              f"{figures.persist_pending:>17,}")
                 warnings += trend_warnings(job.job_id, task, [f for _, f in past])
+        if pending_roots:
+            lines += ["", f"{'job':<24}{'roots pending':>14}{'roots failed':>13}"
+                      f"{'batches lost':>13}"]
+            for job_id, (pending, failed, lost) in pending_roots.items():
+                lines.append(f"{job_id:<24}{pending:>14,}{failed:>13,}{lost:>13,}")
         if status.events:
             lines += ["", "recent failures and recoveries:"]
             for e in list(status.events)[-6:]:
