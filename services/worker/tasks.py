@@ -43,6 +43,7 @@ from gridstream.ids import (
     tuple_id,
 )
 from gridstream.jobspec import JobSpec, Stage, resolve
+from gridstream.retry import Backoff, retry
 from gridstream.v1 import common_pb2
 from services.worker.operators import (
     ChainResult,
@@ -193,14 +194,12 @@ class TaskRunner:
             group.create_task(self._loop(), name=f"operate {self.operator_id}")
 
     async def _retry(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
-        delay = 0.05
-        while True:
-            try:
-                return await call()
-            except GridstreamError as exc:
-                log.warning("%s: %s failed (%s); retrying", self.operator_id, what, exc)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+        def warn(exc: BaseException, attempt: int) -> None:
+            log.warning("%s: %s failed (%s, attempt %d); retrying", self.operator_id, what, exc,
+                        attempt)
+
+        return await retry(f"{self.operator_id}: {what}", call, (GridstreamError,),
+                           on_error=warn)
 
     async def _restore(self) -> bool:
         started = time.monotonic()
@@ -506,7 +505,7 @@ class TaskRunner:
         """Sends contributions covered by a durable window, and rebuild requests."""
         assert self.tracking is not None and self.reporter is not None
         tracking, reporter = self.tracking, self.reporter
-        delay = 0.05
+        backoff = Backoff(f"{self.operator_id}: tracking reports")
         while True:
             await self._report_wake.wait()
             self._report_wake.clear()
@@ -536,11 +535,10 @@ class TaskRunner:
                             registrations + [v for _, _, v in ready])
                         tracking.mark_registered(registrations)
                         tracking.mark_reported([o for o, _, _ in ready])
-                delay = 0.05
+                backoff.reset()
             except GridstreamError as exc:
                 log.info("%s: tracking report failed (%s); retrying", self.operator_id, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                await backoff.wait(exc)
                 self._report_wake.set()
 
     def request_rebuild(self, roots: set[int]) -> None:

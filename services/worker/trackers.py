@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from gridstream import rpc
 from gridstream.errors import StaleEpoch
+from gridstream.retry import Backoff
 from gridstream.ring import HashRing
 from gridstream.routing import RoutingView
 from gridstream.tracking import TrackerRing, TrackingTable
@@ -450,7 +451,7 @@ class TrackingReporter:
     async def _send(self, job_id: str, roots: U64, values: U64, reporter: str, sequence: int,
                     rebuild: bool, partition: int = 0) -> None:
         remaining = np.ones(roots.size, dtype=bool)
-        delay = 0.02
+        backoff = Backoff(f"tracking {job_id}", first_s=0.02, max_s=0.5)
         while remaining.any():
             owners = self.routing.owners.get(job_id, [])
             if not rebuild and partition < len(owners) and owners[partition] != self.node_id:
@@ -469,8 +470,7 @@ class TrackingReporter:
                 if await self._deliver(layout.hosts[tracker], request):
                     remaining &= ~part
             if remaining.any():
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.5)
+                await backoff.wait()
                 await self.routing.refresh()
 
     async def _deliver(self, host: str, request: worker_pb2.TrackRequest) -> bool:
