@@ -15,6 +15,7 @@ Only processes this run started are signalled, by PID.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import signal
 import statistics
@@ -29,6 +30,7 @@ from gridstream.client import Client
 from gridstream.config import Config
 from gridstream.errors import DataLoss, DeadlineExceeded, Unavailable
 from gridstream.examples import history
+from gridstream.faultproxy import FaultProxy
 from gridstream.local import LocalCluster
 from gridstream.v1 import scheduler_pb2
 
@@ -41,7 +43,9 @@ class Step:
 
     ``kind``: ``kill`` (SIGKILL ``victims`` workers, ``gap_s`` apart),
     ``pause`` (SIGSTOP a worker for ``pause_s``, then SIGCONT), ``scheduler``
-    (SIGKILL the scheduler) or ``state`` (SIGKILL a state server).
+    (SIGKILL the scheduler), ``state`` (SIGKILL a state server) or
+    ``isolate`` (cut one worker off from the scheduler, not from its peers,
+    for ``pause_s``: the run must be given ``isolate=True``).
     """
 
     kind: str
@@ -165,6 +169,7 @@ async def run_history(
     seed: int = 0,
     drain_timeout_s: float = 180.0,
     tracking_timeout_s: float = 0.0,
+    isolate: bool = False,
 ) -> HistoryRun:
     """Runs the history job on a fresh supervised local cluster through the
     scenario; returns the faults and the checker's verdict."""
@@ -174,8 +179,14 @@ async def run_history(
     run = HistoryRun(records=len(values))
     cluster = LocalCluster(run_dir, config, workers=workers, state_servers=2, supervise=True,
                            restart_delay_s=1.0, extra_env=extra_env)
-    async with cluster, Client(cluster.scheduler_address, batch_size=250,
-                               security=cluster.config.security) as client:
+    proxy: FaultProxy | None = None
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(cluster)
+        if isolate:
+            proxy = await _isolatable(cluster, "worker-1")
+            stack.push_async_callback(proxy.close)
+        client = await stack.enter_async_context(
+            Client(cluster.scheduler_address, batch_size=250, security=cluster.config.security))
         spec = history.job()
         if tracking_timeout_s:
             spec = replace(spec, tracking_timeout_s=tracking_timeout_s)
@@ -190,7 +201,7 @@ async def run_history(
                 delay = started + step.at_s - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                fault = await _inject(cluster, step, rng, sender)
+                fault = await _inject(cluster, step, rng, sender, proxy)
                 run.faults.append(fault)
                 watchers.append(asyncio.create_task(_detections(client, fault)))
             await sending
@@ -207,7 +218,8 @@ async def run_history(
         run.seconds = time.monotonic() - started
         actual = await client.results(job_id)
         events = await _dead_events(client, wall_started)
-    victims = {v for f in run.faults if f.kind in ("kill", "pause") for v in f.victims}
+    victims = {v for f in run.faults if f.kind in ("kill", "pause", "isolate")
+               for v in f.victims}
     run.wrongly_convicted = sorted({n for n, _ in events if n not in victims})
     for fault, found in zip(run.faults, detections, strict=True):
         times = [t for t in found if t is not None]
@@ -220,16 +232,42 @@ async def run_history(
 async def _detections(client: Client, fault: FaultRecord) -> list[float | None]:
     """Seconds until each victim of a worker fault was declared dead (watched
     live: the scheduler's event list is short); empty for other faults."""
-    if fault.kind not in ("kill", "pause"):
+    if fault.kind not in ("kill", "pause", "isolate"):
         return []
     return list(await asyncio.gather(*(
         detection_time(client, victim, fault.wall_at, timeout_s=15.0)
         for victim in fault.victims)))
 
 
+async def _isolatable(cluster: LocalCluster, worker: str) -> FaultProxy:
+    """Restarts ``worker`` so that it reaches the scheduler only through a
+    fault proxy (its peers it reaches directly)."""
+    proxy = await FaultProxy(cluster.scheduler_address).start()
+    member = cluster.members[worker]
+    member.argv[member.argv.index("--scheduler") + 1] = proxy.address
+    cluster.hold(worker)
+    try:
+        cluster.kill(worker, signal.SIGKILL)
+        await cluster.wait_exit(worker)
+        await cluster.restart(worker)
+    finally:
+        cluster.release(worker)
+    await cluster.wait_registered()
+    return proxy
+
+
 async def _inject(cluster: LocalCluster, step: Step, rng: random.Random,
-                  sender: Sender) -> FaultRecord:
+                  sender: Sender, proxy: FaultProxy | None) -> FaultRecord:
     workers = sorted(n for n, m in cluster.members.items() if m.role == "worker")
+    if step.kind == "isolate":
+        if proxy is None:
+            raise ValueError("an isolate step needs run_history(..., isolate=True)")
+        record = FaultRecord("isolate", ["worker-1"], time.time(), time.monotonic(),
+                             sender.in_flight())
+        proxy.cut()
+        await asyncio.sleep(step.pause_s)
+        proxy.heal()
+        return record
     if step.kind == "scheduler":
         victims = ["scheduler"]
     elif step.kind == "state":

@@ -85,3 +85,16 @@ async def test_the_checker_catches_a_build_that_acknowledges_before_replicating(
     assert not run.verdict.ok
     assert run.verdict.lost, run.table()
     assert run.losses, run.table()  # named by the cluster too, not only by the checker
+
+
+async def test_a_worker_cut_off_from_the_scheduler_but_not_its_peers(tmp_path: Path) -> None:
+    # worker-1 reaches the scheduler only through a proxy that drops the link
+    # for 4 s (past detection) while it still reaches its peers: it is declared
+    # dead, its partitions move, its late pushes and reports are refused, and
+    # when the link heals it is fenced, rejoins, and gets its share back. Then
+    # a kill lands before the cluster has settled.
+    steps = [Step("isolate", 3.0, pause_s=4.0), Step("kill", 9.0)]
+    run = await run_history(steps, tmp_path, records=40_000, stream_s=14.0,
+                            config=config(), seed=5, isolate=True)
+    assert_exact(run)
+    assert run.faults[0].detected_s is not None, run.table()  # the cut was past detection
