@@ -430,6 +430,10 @@ class WorkerNode:
                 # Moved away but not yet stopped: stop it now, so nothing more is
                 # committed after the new owner has read the log.
                 await self._stop_task(runtime, (key[1], key[2]))
+            # Fence the copy here and read it in one step (no await between):
+            # whatever an old owner committed is in what we hand over, and it
+            # can commit nothing more through this worker.
+            self.backups.fence(key, epoch)
             return self.container_log(key)
 
     async def _fetch_from(self, node: str, key: ContainerKey) -> FetchedLog | None:
@@ -497,6 +501,7 @@ class WorkerNode:
         """The fullest copy of a container's log: here (a backup, or our own
         retired copy) or among the other live workers."""
         others = [w for w in self.routing.workers if w != self.node_id]
+        self.backups.fence(key, self.routing.epoch)
         found = [self._local_log(key)]
         found += await asyncio.gather(*(self._fetch_from(w, key) for w in others))
         best: FetchedLog | None = None

@@ -112,6 +112,19 @@ class BackupStore:
             )
         return backup.apply(request)
 
+    def fence(self, key: ContainerKey, epoch: int) -> None:
+        """A new owner at ``epoch`` is reading this copy to take the container
+        over: from now on, refuse appends from any primary older than that.
+        A previous owner cut off from the scheduler (it does not know it was
+        replaced) could otherwise still commit — and acknowledge — batches
+        the new owner never sees."""
+        backup = self.logs.get(key)
+        if backup is None:
+            backup = self.logs[key] = BackupLog()
+        if epoch > backup.epoch:
+            backup.epoch = epoch
+            backup.primary = ""  # the new owner; it names itself when it replicates
+
     def drop_job(self, job_id: str) -> None:
         """Forgets every copy of a job's containers."""
         for key in [k for k in self.logs if k[0] == job_id]:
