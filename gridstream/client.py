@@ -105,6 +105,8 @@ class Client:
         self._sequences: dict[tuple[str, int], int] = {}
         self._pending: dict[tuple[str, int], worker_pb2.Segment] = {}
         self._acked: dict[tuple[str, int], int] = {}
+        self._unsent: dict[tuple[str, int], list[Batch]] = {}
+        """(job, partition) -> batches after a held one, not pushed yet."""
         """(job, partition) -> the last sequence acknowledged on this client's channel."""
         self._partition_locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._round_robin = itertools.count()
@@ -330,8 +332,9 @@ class Client:
         pending = tuple(p for p in failures if (job_id, p) in self._pending)
         refused = tuple(p for p in failures if p not in pending)
         message = (f"{first} (partition {first_partition}); partitions sent in full: "
-                   f"{list(sent)}; holding a batch the client pushes again with the same "
-                   f"sequence on the next send or flush (do not resend): {list(pending)}; "
+                   f"{list(sent)}; holding what was not acknowledged, which the client "
+                   "pushes again with the same sequences on the next send or flush (do not "
+                   f"resend): {list(pending)}; "
                    f"refused (nothing of their unsent batches appended): {list(refused)}")
         error = type(first)(message)
         error.sent_partitions = sent
@@ -405,7 +408,9 @@ class Client:
                     raise
                 del self._pending[seq_key]
                 self._acked[seq_key] = held.sequence
-            queue: collections.deque[Batch] = collections.deque(batches)
+            # Batches a failed send left unsent go first, in their order.
+            queue: collections.deque[Batch] = collections.deque(
+                [*self._unsent.pop(seq_key, []), *batches])
             while queue:
                 batch = queue.popleft()
                 sequence = self._sequences.get(seq_key, 0) + 1
@@ -428,6 +433,9 @@ class Client:
                     if isinstance(exc, _OUTCOME_UNKNOWN):
                         self._sequences[seq_key] = sequence
                         self._pending[seq_key] = segment
+                        # The partition's later batches wait behind it, held too:
+                        # the next send or flush pushes them after it, in order.
+                        self._unsent[seq_key] = list(queue)
                     raise
                 self._sequences[seq_key] = sequence
                 self._acked[seq_key] = sequence
@@ -440,11 +448,23 @@ class Client:
         delay = 0.02
         refresh = False
         while True:
-            routing = await self._routing(job_id, refresh)
-            owner = routing.owners[segment.partition]
-            address = next((m.address for m in self._table.members if m.node_id == owner), None)
-            if address is None:
-                raise Unavailable(f"owner {owner} of partition {segment.partition} has no address")
+            try:
+                routing = await self._routing(job_id, refresh)
+                owner = routing.owners[segment.partition]
+                address = next((m.address for m in self._table.members
+                                if m.node_id == owner), None)
+                if address is None:
+                    raise Unavailable(f"owner {owner} of partition {segment.partition} has no "
+                                      "address")
+            except Unavailable:
+                # Every worker briefly away (restarting) or the scheduler
+                # restarting: the same wait as for a push that failed.
+                if time.monotonic() + delay > deadline:
+                    raise
+                refresh = True
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
             stub = worker_pb2_grpc.WorkerStub(self._channel(address))
             try:
                 await stub.Push(

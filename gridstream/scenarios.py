@@ -28,7 +28,7 @@ from gridstream.chaos import detection_time
 from gridstream.checker import HistoryVerdict, check_history
 from gridstream.client import Client
 from gridstream.config import Config
-from gridstream.errors import DataLoss, DeadlineExceeded, Unavailable
+from gridstream.errors import DataLoss, DeadlineExceeded, GridstreamError, Unavailable
 from gridstream.examples import history
 from gridstream.faultproxy import FaultProxy
 from gridstream.local import LocalCluster
@@ -117,6 +117,8 @@ class Sender:
         self.chunk = chunk
         self.acked = 0
         self.busy = False
+        self.send_errors: list[str] = []
+        """Sends that failed in part and were completed by a flush."""
         self.acks: list[tuple[float, float]] = []
         """(monotonic start of the send, monotonic time it was acknowledged)."""
 
@@ -128,11 +130,30 @@ class Sender:
             end = start + self.chunk
             began = time.monotonic()
             self.busy = True
-            await self.client.send(self.job_id, self.values[start:end], self.keys[start:end])
+            try:
+                await self.client.send(self.job_id, self.values[start:end],
+                                       self.keys[start:end])
+            except GridstreamError as exc:
+                # A partial send: what was not acknowledged is held by the
+                # client with its sequences; flush until it is (as a user would).
+                self.send_errors.append(str(exc)[:300])
+                await self._flush_until_sent()
             self.busy = False
             self.acked = min(end, len(self.values))
             self.acks.append((began, time.monotonic()))
             await asyncio.sleep(pause)
+
+    async def _flush_until_sent(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            await asyncio.sleep(0.5)
+            try:
+                await self.client.flush(self.job_id)
+                return
+            except GridstreamError as exc:
+                self.send_errors.append(str(exc)[:300])
+                if time.monotonic() > deadline:
+                    raise
 
     def in_flight(self) -> bool:
         """Whether the fault lands mid-stream: a send is under way, or some
