@@ -1,8 +1,9 @@
 """The seed's double buffer and its asynchronous persistence.
 
-LatestSnapshot is M = (r, lv, fun, os, offset) for the batch in hand: set with
-os=false when the operator takes a batch, and with os=true and offset+1 once
-the batch's output has been emitted and acknowledged. WindowSnapshot collects
+LatestSnapshot is the operator's position: os=false (a batch in flight) when
+the operator takes a batch, os=true and offset+1 once the batch's output has
+been emitted and acknowledged (what recovery needs of the seed's M is in the
+window snapshot; see the class). WindowSnapshot collects
 the batches of the current window; when W records have gone by, the window's
 state (lv) and offsets are handed to the Persister, which writes them to the
 state server in the background: processing never waits for it. Snapshots
@@ -41,28 +42,34 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class LatestSnapshot:
-    """M = (r, lv, fun, os, offset) of the batch the operator holds now."""
+    """The operator's position in its JobContainer: the seed's LatestSnapshot
+    reduced to what recovery can use.
 
-    record: tuple[str, int] | None = None
-    """r: the batch's (channel, sequence)."""
-    state: dict[str, dict[Any, Any]] = field(default_factory=dict)
-    """lv: the operator's keyed state (a live reference)."""
-    functions: tuple[str, ...] = ()
-    """fun: import paths of the chained stages."""
-    done: bool = True
-    """os: whether the operator has finished with r (output emitted)."""
+    The seed's M = (r, lv, fun, os, offset) lives in memory and dies with the
+    process, so after ``kill -9`` its ``r``, ``lv`` and ``os`` cannot be read.
+    What stands in for them is the idempotence rule (docs/recovery.md): lv and
+    the offset come back from the last durable window, every batch after it is
+    processed again, and outputs already emitted (os=true) carry the same
+    identities, which their receivers drop as duplicates. ``in_flight`` is
+    kept for what it is still good for while the process lives: status, and
+    the ``after_emit`` crash point's meaning (output acknowledged, os not yet
+    true).
+    """
+
     offset: int = 0
-    """Position in the container of the next batch to take."""
+    """Position in the container of the next batch to take (offset+1 once a
+    batch is done: the seed's os=true and offset+1, as one step)."""
+    in_flight: tuple[str, int] | None = None
+    """(channel, sequence) of the batch being processed (os=false), or None."""
 
     def begin(self, channel: str, sequence: int, offset: int) -> None:
         """os=false: the batch at ``offset`` is being processed."""
-        self.record = (channel, sequence)
-        self.done = False
+        self.in_flight = (channel, sequence)
         self.offset = offset
 
     def finish(self, next_offset: int) -> None:
         """os=true, offset+1: output emitted and acknowledged, as one step."""
-        self.done = True
+        self.in_flight = None
         self.offset = next_offset
 
 

@@ -126,9 +126,10 @@ class TaskRunner:
         self.state_client = state
         self._fetch_log = fetch_log
         self.window_size = spec.window_size
-        self.latest = LatestSnapshot(
-            state=self.chain.states, functions=tuple(s.function for s in stages)
-        )
+        self.latest = LatestSnapshot()
+        self.functions = [s.function for s in stages]
+        """The seed's ``fun``: import paths of the chained stages, in every
+        window snapshot's header."""
         self.window = WindowSnapshot()
         self.persister = Persister(self._write_rows, self._write_snapshot, self._durable,
                                    self.operator_id)
@@ -422,7 +423,7 @@ class TaskRunner:
             "offset": offset,
             "out_sequences": dict(self.shuffle.sequences) if self.shuffle else {},
             "in_sequences": self.container.sequences_below(offset),
-            "functions": list(self.latest.functions),
+            "functions": self.functions,
             "batches": self.window.batches,
             "tracking": self.tracking.snapshot() if self.tracking is not None else [],
         })
