@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -575,7 +576,22 @@ class WorkerNode:
         for runtime in self.jobs.values():
             restarts.add_metric([runtime.job_id],
                                 sum(r.restarts for r in runtime.runners.values()))
-        return [*families.values(), recoveries, roots, table_bytes, outcomes, lost, restarts]
+        failures = counter("gridstream_snapshot_write_failures", "Window snapshot and result "
+                           "writes that failed and are being retried (trimming waits)",
+                           ["job"])
+        stalled = gauge("gridstream_snapshot_stalled_seconds", "Seconds a task's writes have "
+                        "been failing without a success (0 when healthy)", ["job", "task",
+                                                                          "partition"])
+        now = time.monotonic()
+        for runtime in self.jobs.values():
+            failures.add_metric([runtime.job_id], sum(
+                r.persister.write_failures for r in runtime.runners.values()))
+            for r in runtime.runners.values():
+                since = r.persister.failing_since
+                stalled.add_metric([runtime.job_id, str(r.task_index), str(r.partition)],
+                                   0.0 if since is None else now - since)
+        return [*families.values(), recoveries, roots, table_bytes, outcomes, lost, restarts,
+                failures, stalled]
 
     def drop_retired(self, key: ContainerKey) -> None:
         """Forgets a retired container once its new owner has it."""

@@ -606,7 +606,8 @@ class TaskRunner:
             losses=[lost.describe(self.container.container_id)
                     for lost in self.container.losses],
             restarts=self.restarts,
-            last_error=self.last_error,
+            last_error=self.last_error or (self.persister.last_error
+                                           if self.persister.failing_since is not None else ""),
             **self._tracking_progress(),
         )
 
