@@ -58,12 +58,11 @@ async def test_two_simultaneous_kills_with_backup_count_two(tmp_path: Path) -> N
 
 
 async def test_scheduler_and_state_server_kills_convict_nobody(tmp_path: Path) -> None:
-    # The scheduler is killed three times and a state server once, mid-stream:
+    # The scheduler is killed ten times and a state server once, mid-stream:
     # a restarted scheduler trusts phi only after fresh heartbeats, so no live
     # worker is declared dead, and no record is lost or applied twice.
-    steps = [Step("scheduler", 2.5), Step("state", 5.0), Step("scheduler", 7.5),
-             Step("scheduler", 11.0)]
-    run = await run_history(steps, tmp_path, records=40_000, stream_s=15.0,
+    steps = [Step("scheduler", 2.0 + 1.6 * i) for i in range(10)] + [Step("state", 6.5)]
+    run = await run_history(steps, tmp_path, records=40_000, stream_s=19.0,
                             config=config(), seed=3)
     assert_exact(run)
     assert run.wrongly_convicted == [], run.table()
