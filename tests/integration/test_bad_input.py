@@ -150,3 +150,21 @@ async def test_sync_client_runs_a_job(cluster: LocalCluster) -> None:
             return sync.results(job_id)
 
     assert await asyncio.to_thread(use_sync_client) == {"a": 2, "b": 1}
+
+
+async def test_unkeyed_rows_and_dead_letters_of_every_partition_arrive(client: Client) -> None:
+    # Every partition's first batch of a producer has sequence 1: row and
+    # dead-letter ids must still differ across partitions, or partitions
+    # overwrite each other's rows.
+    spec = JobSpec("unkeyed", (Stage("parse", "map", "tests.integration.faulty_ops:parse_int"),
+                               Stage("store", "sink")), partitions=8)
+    records = [str(i) if i % 9 else f"bad-{i}" for i in range(18_000)]
+    job_id = await client.submit(spec)
+    await client.send(job_id, records)
+    await client.drain(job_id, timeout_s=120)
+    rows = await client.results(job_id)
+    dead = await client.dead_letters(job_id)
+    good = [r for r in records if not r.startswith("bad")]
+    assert len(rows) == len(good)
+    assert sorted(rows.values()) == sorted(int(r) for r in good)
+    assert len(dead) == len(records) - len(good) == 2_000
