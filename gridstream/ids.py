@@ -109,6 +109,22 @@ WINDOW_ROW_BITS = 24
 per window before they reach the next window's range."""
 
 
+MICRO_BATCH_SEQUENCE_BITS = 24
+"""Restart-safe sends of a micro-batch (the Spark bridge): micro-batch b owns
+the client sequences [(b + 1) << 24, (b + 2) << 24). With sequences below
+2^62 (the cluster's reserved range starts there) that is 2^38 micro-batches."""
+
+MICRO_BATCH_CHUNK_BITS = 10
+"""Within a micro-batch, chunk c of a writer starts at ``c << 10``: at most
+1,024 SDK batches per partition per chunk, at most 2^14 chunks per writer
+(the bridge refuses a micro-batch that would need more)."""
+
+
+def micro_batch_first_sequence(batch_id: int, chunk: int = 0) -> int:
+    """The first client sequence of chunk ``chunk`` of micro-batch ``batch_id``."""
+    return ((batch_id + 1) << MICRO_BATCH_SEQUENCE_BITS) + (chunk << MICRO_BATCH_CHUNK_BITS)
+
+
 def first_window(epoch: int) -> int:
     """The lowest window number an owner that took over at ``epoch`` uses."""
     return epoch << EPOCH_WINDOW_BITS

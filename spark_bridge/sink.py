@@ -59,13 +59,18 @@ from pyspark.sql.types import (
 
 from gridstream.client import DEFAULT_BATCH_SIZE, Client
 from gridstream.config import SecurityConfig
+from gridstream.ids import (
+    MICRO_BATCH_CHUNK_BITS,
+    MICRO_BATCH_SEQUENCE_BITS,
+    micro_batch_first_sequence,
+)
 
 NAME = "gridstream"
-SEQUENCE_SHIFT = 24
-"""A micro-batch owns sequences [(batch_id + 1) << 24, (batch_id + 2) << 24)."""
-CHUNK_SHIFT = 10
-"""Within a micro-batch, chunk c of a task starts at ``c << 10``: at most 1,024
-SDK batches per gridstream partition per chunk, at most 16,384 chunks per task."""
+SEQUENCE_SHIFT = MICRO_BATCH_SEQUENCE_BITS
+"""A micro-batch owns sequences [(batch_id + 1) << 24, (batch_id + 2) << 24)
+(defined in :mod:`gridstream.ids`, with the other id spaces)."""
+CHUNK_SHIFT = MICRO_BATCH_CHUNK_BITS
+"""Within a micro-batch, chunk c of a task starts at ``c << 10``."""
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 SECURITY_OPTIONS = ("tls_ca", "tls_cert", "tls_key", "token")
@@ -256,7 +261,6 @@ def send_partition(batches: Iterable[pa.RecordBatch], schema: pa.Schema | None,
         raise BridgeError(f"gridstream sink: {table.num_rows} rows in one task exceed what a "
                           "micro-batch's sequence range holds; raise batch_size or lower "
                           "maxFilesPerTrigger/maxOffsetsPerTrigger")
-    first = (batch_id + 1) << SEQUENCE_SHIFT
 
     async def run() -> int:
         sent = 0
@@ -270,7 +274,7 @@ def send_partition(batches: Iterable[pa.RecordBatch], schema: pa.Schema | None,
                     keys = [str(k) for k in part.column(options.key).to_pylist()]
                 sent += await client.send(
                     options.job, _to_values(part, options), keys, producer=producer,
-                    first_sequence=first + (chunk << CHUNK_SHIFT),
+                    first_sequence=micro_batch_first_sequence(batch_id, chunk),
                 )
         return sent
 
