@@ -9,14 +9,9 @@ writes them asynchronously; sink rows go with them. When the container runs
 empty, pending sink rows are flushed too (the seed persists its map "when its
 input queue runs empty").
 
-Recovery, when a runner starts: restore lv, the output sequences and the
-window number from the newest durable window snapshot; restore the container
-from the fullest copy of its log held by another worker (its backups, or the
-previous owner in a handoff); replay from the snapshot's offset. A batch that
-was in flight when the previous owner died (os=false) is simply processed
-again; one whose output was already emitted (os=true but not yet covered by a
-snapshot) is re-emitted with the same (channel, sequence), and the receiving
-container recognises it as a duplicate.
+Recovery, when a runner starts, is :func:`services.worker.restore.restore_task`
+(snapshot, log copy, replay from the snapshot's offset); the idempotence rule
+that makes a replay exact is the JobContainer's (docs/recovery.md).
 """
 
 from __future__ import annotations
@@ -36,14 +31,13 @@ from gridstream.ids import (
     batch_identity,
     container_id,
     first_row_version,
-    first_window,
     key_text,
     operator_id,
     task_channel,
     tuple_id,
 )
 from gridstream.jobspec import JobSpec, Stage, resolve
-from gridstream.retry import Backoff, retry
+from gridstream.retry import Backoff
 from gridstream.v1 import common_pb2
 from services.worker.operators import (
     ChainResult,
@@ -55,13 +49,13 @@ from services.worker.operators import (
 from services.worker.peers import OutSegment, PeerRouter, StateClient
 from services.worker.queues import Entry, JobContainer, LostRange
 from services.worker.replication import Replicator
+from services.worker.restore import restore_task
 from services.worker.shuffle import Shuffle
 from services.worker.snapshots import (
     LatestSnapshot,
     PendingSnapshot,
     Persister,
     WindowSnapshot,
-    apply_stored,
 )
 from services.worker.tracking import TaskTracking
 
@@ -124,7 +118,7 @@ class TaskRunner:
                 task_channel(task_index, partition), router, batch_records,
             )
         self.state_client = state
-        self._fetch_log = fetch_log
+        self.fetch_log = fetch_log
         self.window_size = spec.window_size
         self.latest = LatestSnapshot()
         self.functions = [s.function for s in stages]
@@ -182,7 +176,7 @@ class TaskRunner:
         """Restores, then processes batches forever beside its persister and
         replicator. ``on_restored`` is told when the task resumed from earlier
         state (a snapshot or a log copy) rather than starting fresh."""
-        if await self._restore() and on_restored is not None:
+        if await restore_task(self) and on_restored is not None:
             on_restored()
         self.ready.set()
         async with asyncio.TaskGroup() as group:
@@ -193,96 +187,6 @@ class TaskRunner:
                 group.create_task(self._report_loop(), name=f"track {self.operator_id}")
                 group.create_task(self._flush_timer(), name=f"window timer {self.operator_id}")
             group.create_task(self._loop(), name=f"operate {self.operator_id}")
-
-    async def _retry(self, what: str, call: Callable[[], Awaitable[Any]]) -> Any:
-        def warn(exc: BaseException, attempt: int) -> None:
-            log.warning("%s: %s failed (%s, attempt %d); retrying", self.operator_id, what, exc,
-                        attempt)
-
-        return await retry(f"{self.operator_id}: {what}", call, (GridstreamError,),
-                           on_error=warn)
-
-    async def _restore(self) -> bool:
-        started = time.monotonic()
-        snapshot = await self._retry(
-            "reading the latest snapshot",
-            lambda: self.state_client.read_state(self.job_id, self.operator_id, self.epoch),
-        )
-        fetched = await self._fetch_log(self.key)
-        offset = 0
-        in_sequences: dict[str, int] = {}
-        saved: dict[str, Any] = {}
-        if snapshot is not None:
-            # The newest window's offsets and sequences, and the keyed state
-            # rebuilt from a base and its deltas a chunk at a time.
-            window = snapshot.window
-            saved = codec.unpack(snapshot.header)
-            await apply_stored(self.chain, snapshot)
-            self.persister.head = window
-            if self.shuffle is not None:
-                self.shuffle.sequences = {int(p): int(s) for p, s in
-                                          saved["out_sequences"].items()}
-            self.window.window = window + 1
-            offset = int(saved["offset"])
-            in_sequences = dict(saved["in_sequences"])
-            self.durable_offset = offset
-        # Window numbers are unique per owner: an owner that took over at epoch e
-        # numbers from e << 20, so a late write from the previous owner (still in
-        # flight when it handed over) can never take the place of one of ours.
-        self.window.window = max(self.window.window, first_window(self.epoch))
-        if fetched is not None and fetched[0] + len(fetched[2]) >= offset:
-            base, sequences, entries = fetched
-            merged = {**in_sequences}
-            for channel, seq in sequences.items():
-                merged[channel] = max(seq, merged.get(channel, 0))
-            gap = (offset, base - 1) if base > offset else None
-            if gap is not None:
-                offset = base
-            self.container.restore(base, merged, entries, offset)
-            if gap is not None:
-                # Every copy that held these offsets is gone: name them.
-                lost = LostRange("<log>", gap[0], gap[1], "offsets")
-                self.container.losses.append(lost)
-                log.error("DATA LOSS %s", lost.describe(self.container.container_id))
-                self._record_losses([lost])
-        elif snapshot is not None:
-            if fetched is not None:
-                log.warning("%s: the fullest log copy ends at %d, before the snapshot's offset "
-                            "%d; resuming at the snapshot", self.operator_id,
-                            fetched[0] + len(fetched[2]), offset)
-            self.container.restore(offset, in_sequences, [], offset)
-        if self.spec.delivery == "at_most_once":
-            offset = max(offset, self.container.next_offset)
-            self.container.skip_to(offset)
-        if self.tracking is not None:
-            # Below the snapshot's offset, only batches of roots still pending
-            # when it was taken are tracked again: the snapshot holds a row for
-            # every processed batch of a pending root and none for a completed
-            # root's (dropped when it completed), whose batches may still sit
-            # in the log until trimmed. Taking those for pending would leave
-            # roots that no contribution can ever complete.
-            rows = saved.get("tracking") or []
-            pending_below = {int(row[0]) for row in rows}
-            for entry in self.container.retained():
-                if entry.offset >= offset or entry.offset in pending_below:
-                    self.tracking.retain(entry.offset, entry.root or self._tuple_id(entry))
-            self.tracking.restore(rows, offset)
-            # Whether the restored contributions reached their trackers before the
-            # crash is unknown: their trackers rebuild those roots from the tasks.
-            self._needs_rebuild = self.tracking.reported_roots()
-            if self._needs_rebuild:
-                self._report_wake.set()
-        self.latest.offset = offset
-        self.recovered_batches = self.container.next_offset - offset
-        self.recovered_records = sum(
-            e.count for e in self.container.entries(offset, self.container.next_offset))
-        self.recovery_seconds = time.monotonic() - started
-        log.info("%s started: snapshot window %s, offset %d; log copy %s; %d batches to "
-                 "replay (%.3fs)", self.operator_id, snapshot[0] if snapshot else None,
-                 offset, None if fetched is None else
-                 f"{fetched[0]}..{fetched[0] + len(fetched[2])}",
-                 self.recovered_batches, self.recovery_seconds)
-        return snapshot is not None or bool(fetched and (fetched[2] or fetched[1]))
 
     # -- input ---------------------------------------------------------------
 
@@ -310,7 +214,7 @@ class TaskRunner:
             channel, sequence, keys, values, timeout_s, batch, root, previous_sequence
         )
         if len(self.container.losses) > losses_before:
-            self._record_losses(self.container.losses[losses_before:])
+            self.record_losses(self.container.losses[losses_before:])
         if accepted and FAULTS.ack_before_replicate:
             # Test-only mutation: acknowledge before the backups hold the batch,
             # so the history checker can be shown to catch the loss it causes.
@@ -354,7 +258,7 @@ class TaskRunner:
                 self.outbound_pending = 0
                 self.records_out += sum(len(s.values) for s in segments)
             if self.tracking is not None:
-                self.tracking.processed(offset, self._tuple_id(entry), [
+                self.tracking.processed(offset, self.tuple_id_of(entry), [
                     tuple_id(seg.task, seg.partition, seg.channel, seg.sequence)
                     for seg in segments])
             self.latest.finish(offset + 1)
@@ -397,7 +301,7 @@ class TaskRunner:
                     for i, (k, v) in enumerate(zip(keys, entry.values, strict=True))]
             return ChainResult(None, [], dead_letters=dead), []
 
-    def _record_losses(self, losses: list[LostRange]) -> None:
+    def record_losses(self, losses: list[LostRange]) -> None:
         """Names lost ranges durably (as dead letters of the task, which users
         read with the results) besides the in-memory list progress reports."""
         for lost in losses:
@@ -481,7 +385,7 @@ class TaskRunner:
 
     # -- tuple tracking ------------------------------------------------------
 
-    def _tuple_id(self, entry: Entry) -> int:
+    def tuple_id_of(self, entry: Entry) -> int:
         """The batch's tracking id (a hash of its identity)."""
         return tuple_id(self.task_index, self.partition, entry.channel, entry.sequence)
 

@@ -1,0 +1,127 @@
+"""Recovery of one task when it starts on a worker: the seed's "restore lv,
+restore the queue by its JobContainerID, replay".
+
+1. Read the task's newest durable window snapshot (a base and its deltas) from
+   the state servers: the keyed state (lv), the container offset it covers,
+   the output sequence per downstream partition and the input sequence per
+   channel below that offset.
+2. Fetch the fullest committed copy of the container's log from the other
+   workers (fencing every copy as it is read), or this worker's own.
+3. Resume at the snapshot's offset: every batch after it is processed again,
+   under the idempotence rule (docs/recovery.md), so outputs already emitted
+   carry the same identities and their receivers drop them.
+
+A log that starts after the snapshot's offset means every copy of those
+batches is gone: the range is named as data loss. Tuple tracking takes back
+the contributions the snapshot holds and asks the roots' trackers to rebuild.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from gridstream import codec
+from gridstream.errors import GridstreamError
+from gridstream.ids import first_window
+from gridstream.retry import retry
+from services.worker.queues import LostRange
+from services.worker.snapshots import apply_stored
+
+if TYPE_CHECKING:
+    from services.worker.tasks import TaskRunner
+
+log = logging.getLogger(__name__)
+
+
+def _warn(operator_id: str) -> Callable[[BaseException, int], None]:
+    def warn(exc: BaseException, attempt: int) -> None:
+        log.warning("%s: reading the latest snapshot failed (%s, attempt %d); retrying",
+                    operator_id, exc, attempt)
+    return warn
+
+
+async def restore_task(runner: TaskRunner) -> bool:
+    """Restores ``runner`` before its loop starts; True when it resumed from
+    earlier state (a snapshot or a log copy) rather than starting fresh."""
+    started = time.monotonic()
+    snapshot = await retry(
+        f"{runner.operator_id}: reading the latest snapshot",
+        lambda: runner.state_client.read_state(runner.job_id, runner.operator_id, runner.epoch),
+        (GridstreamError,), on_error=_warn(runner.operator_id))
+    fetched = await runner.fetch_log(runner.key)
+    offset = 0
+    in_sequences: dict[str, int] = {}
+    saved: dict[str, Any] = {}
+    if snapshot is not None:
+        # The newest window's offsets and sequences, and the keyed state
+        # rebuilt from a base and its deltas a chunk at a time.
+        window = snapshot.window
+        saved = codec.unpack(snapshot.header)
+        await apply_stored(runner.chain, snapshot)
+        runner.persister.head = window
+        if runner.shuffle is not None:
+            runner.shuffle.sequences = {int(p): int(s) for p, s in
+                                        saved["out_sequences"].items()}
+        runner.window.window = window + 1
+        offset = int(saved["offset"])
+        in_sequences = dict(saved["in_sequences"])
+        runner.durable_offset = offset
+    # Window numbers are unique per owner: an owner that took over at epoch e
+    # numbers from e << 20, so a late write from the previous owner (still in
+    # flight when it handed over) can never take the place of one of ours.
+    runner.window.window = max(runner.window.window, first_window(runner.epoch))
+    if fetched is not None and fetched[0] + len(fetched[2]) >= offset:
+        base, sequences, entries = fetched
+        merged = {**in_sequences}
+        for channel, seq in sequences.items():
+            merged[channel] = max(seq, merged.get(channel, 0))
+        gap = (offset, base - 1) if base > offset else None
+        if gap is not None:
+            offset = base
+        runner.container.restore(base, merged, entries, offset)
+        if gap is not None:
+            # Every copy that held these offsets is gone: name them.
+            lost = LostRange("<log>", gap[0], gap[1], "offsets")
+            runner.container.losses.append(lost)
+            log.error("DATA LOSS %s", lost.describe(runner.container.container_id))
+            runner.record_losses([lost])
+    elif snapshot is not None:
+        if fetched is not None:
+            log.warning("%s: the fullest log copy ends at %d, before the snapshot's offset "
+                        "%d; resuming at the snapshot", runner.operator_id,
+                        fetched[0] + len(fetched[2]), offset)
+        runner.container.restore(offset, in_sequences, [], offset)
+    if runner.spec.delivery == "at_most_once":
+        offset = max(offset, runner.container.next_offset)
+        runner.container.skip_to(offset)
+    tracking = runner.tracking
+    if tracking is not None:
+        # Below the snapshot's offset, only batches of roots still pending
+        # when it was taken are tracked again: the snapshot holds a row for
+        # every processed batch of a pending root and none for a completed
+        # root's (dropped when it completed), whose batches may still sit
+        # in the log until trimmed. Taking those for pending would leave
+        # roots that no contribution can ever complete.
+        rows = saved.get("tracking") or []
+        pending_below = {int(row[0]) for row in rows}
+        for entry in runner.container.retained():
+            if entry.offset >= offset or entry.offset in pending_below:
+                tracking.retain(entry.offset, entry.root or runner.tuple_id_of(entry))
+        tracking.restore(rows, offset)
+        # Whether the restored contributions reached their trackers before the
+        # crash is unknown: their trackers rebuild those roots from the tasks.
+        runner.request_rebuild(tracking.reported_roots())
+    runner.latest.offset = offset
+    runner.recovered_batches = runner.container.next_offset - offset
+    runner.recovered_records = sum(
+        e.count for e in runner.container.entries(offset, runner.container.next_offset))
+    runner.recovery_seconds = time.monotonic() - started
+    log.info("%s started: snapshot window %s, offset %d; log copy %s; %d batches to "
+             "replay (%.3fs)", runner.operator_id, snapshot.window if snapshot else None,
+             offset, None if fetched is None else
+             f"{fetched[0]}..{fetched[0] + len(fetched[2])}",
+             runner.recovered_batches, runner.recovery_seconds)
+    return snapshot is not None or bool(fetched and (fetched[2] or fetched[1]))
