@@ -32,7 +32,7 @@ from gridstream.retry import Backoff, RetryExhausted
 from gridstream.routing import RoutingView
 from gridstream.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.worker.peers import Channels, OutSegment, PeerRouter, StateClient
-from services.worker.queues import Entry, JobContainer
+from services.worker.queues import Entry, JobContainer, OwnerFenced
 from services.worker.replication import BackupStore, ContainerKey, to_log_entry
 from services.worker.tasks import FetchedLog, TaskRunner
 from services.worker.trackers import TrackerHost, TrackerLayout, TrackingReporter, pack, unpack
@@ -164,13 +164,25 @@ class WorkerNode:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # an ExceptionGroup from the runner's TaskGroup
+                superseded = _innermost(exc)
+                if isinstance(superseded, OwnerFenced):
+                    # Not an error of the task: a newer owner took over (maybe
+                    # at an epoch this worker skipped). Start again at the epoch
+                    # known now; if the partition is gone, sync cancels us.
+                    log.warning("task %s superseded (%s); starting it again from the "
+                                "newest state at epoch %d", runner.operator_id, superseded,
+                                self.routing.epoch)
+                    await backoff.wait()
+                    runner = await self._restart_task(runner, "", count=False)
+                    continue
                 error = _describe(exc)
                 log.error("task %s failed (%s); starting it again from its snapshot",
                           runner.operator_id, error, exc_info=exc)
             await backoff.wait()
             runner = await self._restart_task(runner, error)
 
-    async def _restart_task(self, failed: TaskRunner, error: str) -> TaskRunner:
+    async def _restart_task(self, failed: TaskRunner, error: str, count: bool = True
+                            ) -> TaskRunner:
         """A fresh runner for a failed one's (task, partition): the failed
         runner's container is retired here, so the fresh runner's restore takes
         it as this worker's copy of the log (nothing committed is dropped)."""
@@ -179,8 +191,8 @@ class WorkerNode:
             self.retired[failed.key] = failed.container
         runtime = self.jobs[failed.job_id]
         runner = self._new_runner(runtime, failed.task_index, failed.partition)
-        runner.restarts = failed.restarts + 1
-        runner.last_error = error
+        runner.restarts = failed.restarts + (1 if count else 0)
+        runner.last_error = error or failed.last_error
         runtime.runners[(failed.task_index, failed.partition)] = runner
         return runner
 
@@ -437,7 +449,8 @@ class WorkerNode:
             self.backups.fence(key, epoch)
             return self.container_log(key)
 
-    async def _fetch_from(self, node: str, key: ContainerKey) -> FetchedLog | None:
+    async def _fetch_from(self, node: str, key: ContainerKey, epoch: int
+                          ) -> FetchedLog | None:
         """A worker's copy of a container's log; None only when it answered
         that it holds none, or when it left the membership (declared dead)
         while we were asking. An RPC error is never read as "no copy": the
@@ -455,7 +468,7 @@ class WorkerNode:
             if address is None:
                 return None
             try:
-                return await self._fetch_once(node, address, key)
+                return await self._fetch_once(node, address, key, epoch)
             except grpc.aio.AioRpcError as exc:
                 log.warning("fetching %s from %s failed (%s); retrying while it is a member",
                             key, node, exc.code().name)
@@ -466,11 +479,11 @@ class WorkerNode:
                 with contextlib.suppress(GridstreamError):
                     await self.routing.refresh()
 
-    async def _fetch_once(self, node: str, address: str, key: ContainerKey
+    async def _fetch_once(self, node: str, address: str, key: ContainerKey, epoch: int
                           ) -> FetchedLog | None:
         stub = worker_pb2_grpc.WorkerStub(self.channels.get(address))
         request = worker_pb2.FetchContainerRequest(
-            job_id=key[0], task=key[1], partition=key[2], epoch=self.routing.epoch)
+            job_id=key[0], task=key[1], partition=key[2], epoch=epoch)
         base = 0
         sequences: dict[str, int] = {}
         entries: list[Entry] = []
@@ -498,13 +511,14 @@ class WorkerNode:
                                      item.batch, root=item.root))
         return chunks[0].base_offset, dict(chunks[0].sequences), entries
 
-    async def fetch_log(self, key: ContainerKey) -> FetchedLog | None:
+    async def fetch_log(self, key: ContainerKey, epoch: int) -> FetchedLog | None:
         """The fullest copy of a container's log: here (a backup, or our own
-        retired copy) or among the other live workers."""
+        retired copy) or among the other live workers. Every copy is fenced at
+        ``epoch`` (the new owner's) as it is read."""
         others = [w for w in self.routing.workers if w != self.node_id]
-        self.backups.fence(key, self.routing.epoch)
+        self.backups.fence(key, epoch)
         found = [self._local_log(key)]
-        found += await asyncio.gather(*(self._fetch_from(w, key) for w in others))
+        found += await asyncio.gather(*(self._fetch_from(w, key, epoch) for w in others))
         best: FetchedLog | None = None
         for candidate in found:
             if candidate is None:
@@ -604,10 +618,16 @@ class WorkerNode:
         await self.state.close()
 
 
-def _describe(exc: BaseException) -> str:
-    """The innermost error of an exception (group), in one short line."""
+def _innermost(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (the error itself otherwise)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    return exc
+
+
+def _describe(exc: BaseException) -> str:
+    """The innermost error of an exception (group), in one short line."""
+    exc = _innermost(exc)
     try:
         return f"{type(exc).__name__}: {exc}"[:500]
     except Exception:  # an exception whose __str__ fails

@@ -86,6 +86,13 @@ class LostRange:
                 f"{self.channel} ({self.what} {self.first}..{self.last})")
 
 
+class OwnerFenced(Exception):
+    """This task's container or state was taken over by a newer owner (a
+    backup holder or a state server refused it, perhaps after an epoch this
+    worker never applied): the task must start again, from the newest state
+    and log, at the epoch its worker knows now."""
+
+
 class ContainerClosed(Exception):
     """The container was retired (its partition moved away); retry elsewhere."""
 

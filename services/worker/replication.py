@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from gridstream.errors import from_rpc_error
+from gridstream.errors import StaleEpoch, from_rpc_error
 from gridstream.faults import FAULTS
 from gridstream.routing import RoutingView
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 from services.worker.peers import Channels
-from services.worker.queues import Entry, JobContainer
+from services.worker.queues import Entry, JobContainer, OwnerFenced
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +103,6 @@ class BackupStore:
         if backup is None:
             backup = self.logs[key] = BackupLog()
         if request.epoch < backup.epoch and request.primary != backup.primary:
-            from gridstream.errors import StaleEpoch
-
             raise StaleEpoch(
                 f"stale epoch {request.epoch}: {request.primary} is no longer the primary of "
                 f"{key[0]}/t{key[1]}/p{key[2]} (epoch {backup.epoch} from {backup.primary})",
@@ -144,6 +142,7 @@ class Replicator:
         channels: Channels,
         backup_count: int,
         trim_offset: Callable[[], int],
+        owner_epoch: Callable[[], int] | None = None,
     ) -> None:
         self.key = key
         self.container = container
@@ -152,6 +151,9 @@ class Replicator:
         self.channels = channels
         self.backup_count = backup_count
         self.trim_offset = trim_offset
+        self.owner_epoch = owner_epoch or (lambda: self.routing.epoch)
+        """The epoch at which this primary took the container over: holders
+        refuse it once a newer owner has fenced them (see BackupStore.fence)."""
         self._synced: dict[str, int] = {}  # holder -> offset it holds up to
         self.synced_epoch = 0
         self._wake = asyncio.Event()
@@ -206,6 +208,11 @@ class Replicator:
                 )
             except asyncio.CancelledError:
                 raise
+            except StaleEpoch as exc:
+                # A newer owner took the container over since this primary's
+                # epoch (perhaps at an epoch this worker never applied): stop,
+                # so the task starts again from the newest state and log.
+                raise OwnerFenced(f"{self.container.container_id}: {exc}") from None
             except Exception as exc:
                 log.warning("%s: replication failed (%s); retrying", self.container.container_id,
                             exc)
@@ -245,7 +252,7 @@ class Replicator:
         while first or entries:
             chunk, entries = entries[:MAX_ENTRIES_PER_CALL], entries[MAX_ENTRIES_PER_CALL:]
             request = worker_pb2.ReplicateRequest(
-                job_id=job_id, task=task, partition=partition, epoch=self.routing.epoch,
+                job_id=job_id, task=task, partition=partition, epoch=self.owner_epoch(),
                 primary=self.node_id, reset=reset and first,
                 base_offset=self.container.base_offset,
                 sequences=sequences if reset and first else {},

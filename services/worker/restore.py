@@ -51,7 +51,7 @@ async def restore_task(runner: TaskRunner) -> bool:
         f"{runner.operator_id}: reading the latest snapshot",
         lambda: runner.state_client.read_state(runner.job_id, runner.operator_id, runner.epoch),
         (GridstreamError,), on_error=_warn(runner.operator_id))
-    fetched = await runner.fetch_log(runner.key)
+    fetched = await runner.fetch_log(runner.key, runner.epoch)
     offset = 0
     in_sequences: dict[str, int] = {}
     saved: dict[str, Any] = {}

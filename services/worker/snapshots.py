@@ -32,6 +32,7 @@ import msgpack
 from gridstream import codec
 from gridstream.errors import GridstreamError, StaleEpoch
 from services.worker.operators import DELETED, StateDelta
+from services.worker.queues import OwnerFenced
 
 if TYPE_CHECKING:
     from gridstream.replicas import StoredState
@@ -308,10 +309,14 @@ class Persister:
         self.last_error = ""
 
     def _fenced(self, what: str, exc: StaleEpoch) -> bool:
-        log.error("%s: writing %s refused, this owner was fenced (%s); its successor "
-                  "owns the operator's state", self._name, what, exc)
+        """A newer owner claimed the operator: nothing of this owner's may be
+        dropped in silence, and nothing more written. The task stops; its
+        supervisor starts it again from the newest state if the partition is
+        still this worker's (an ownership that went away and came back)."""
+        log.warning("%s: writing %s refused, a newer owner claimed the operator (%s); "
+                    "stopping this task", self._name, what, exc)
         self.fenced = True
-        return False
+        raise OwnerFenced(f"{self._name}: {exc}") from None
 
     async def _retrying(self, what: str, call: Callable[[], Any]) -> bool:
         """Retries until done (True); False when the state servers fenced this

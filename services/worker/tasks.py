@@ -65,7 +65,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FetchedLog = tuple[int, dict[str, int], list[Entry]]  # (base, sequences, entries)
-FetchLog = Callable[[tuple[str, int, int]], Awaitable[FetchedLog | None]]
+FetchLog = Callable[[tuple[str, int, int], int], Awaitable[FetchedLog | None]]
+"""(container key, the new owner's epoch) -> the fullest copy of its log."""
 
 
 def _row_key(key: Any) -> str:
@@ -132,7 +133,7 @@ class TaskRunner:
         if spec.delivery != "at_most_once" and backup_count > 0:
             self.replicator = Replicator(
                 self.key, self.container, node_id, router.routing, router.channels,
-                backup_count, self.trim_bound,
+                backup_count, self.trim_bound, lambda: self.epoch,
             )
         self.ready = asyncio.Event()
         self._rows: dict[Any, Any] = {}
