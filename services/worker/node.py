@@ -164,6 +164,12 @@ class WorkerNode:
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # an ExceptionGroup from the runner's TaskGroup
+                if self._stopped(runner):
+                    # The task was stopped (its partition moved) while it failed:
+                    # a TaskGroup that sees a child error and its own cancellation
+                    # raises the error and swallows the cancellation, so leave
+                    # here, or _stop_task would wait for us forever.
+                    return
                 superseded = _innermost(exc)
                 if isinstance(superseded, OwnerFenced):
                     # Not an error of the task: a newer owner took over (maybe
@@ -181,12 +187,24 @@ class WorkerNode:
             await backoff.wait()
             runner = await self._restart_task(runner, error)
 
+    def _stopped(self, runner: TaskRunner) -> bool:
+        """Whether ``runner``'s task was stopped (or replaced) by sync, fence or
+        a handoff: it is no longer the registered runner of its key."""
+        runtime = self.jobs.get(runner.job_id)
+        return (runtime is None
+                or runtime.runners.get((runner.task_index, runner.partition)) is not runner)
+
     async def _restart_task(self, failed: TaskRunner, error: str, count: bool = True
                             ) -> TaskRunner:
         """A fresh runner for a failed one's (task, partition): the failed
         runner's container is retired here, so the fresh runner's restore takes
-        it as this worker's copy of the log (nothing committed is dropped)."""
+        it as this worker's copy of the log (nothing committed is dropped).
+        Raises CancelledError if the task was stopped meanwhile."""
+        if self._stopped(failed):
+            raise asyncio.CancelledError
         await failed.container.close()
+        if self._stopped(failed):  # stopped while the container closed
+            raise asyncio.CancelledError
         if failed.ready.is_set():
             self.retired[failed.key] = failed.container
         runtime = self.jobs[failed.job_id]
