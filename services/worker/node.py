@@ -86,6 +86,9 @@ class WorkerNode:
         self.trackers = TrackerHost(node_id, routing, channels)
         self.reporter = TrackingReporter(node_id, routing, channels, self.trackers)
         self._layout: TrackerLayout | None = None
+        self._align_target = 0
+        self._align_wake = asyncio.Event()
+        self._aligner = group.create_task(self._align_loop(), name="align with the table")
 
     def deploy(self, job_id: str, spec_proto: common_pb2.JobSpec) -> JobRuntime:
         """Installs a job (idempotent); raises InvalidArgument if an import path
@@ -347,16 +350,28 @@ class WorkerNode:
     async def on_epoch(self, epoch: int) -> None:
         """Called with the epoch every heartbeat reports. The table may already
         have been fetched by a shuffle or a replicator; what matters is whether
-        our tasks were aligned with it."""
+        our tasks were aligned with it. Aligning (stopping and starting tasks)
+        runs in its own task, never in the heartbeat's: a slow handoff must not
+        delay heartbeats and get a busy worker convicted."""
         if epoch > self._synced_epoch:
-            await self.catch_up(epoch)
-            # Membership changed: a backup holder may have restarted empty or
-            # been replaced, so every primary checks its holders now rather
-            # than at its next append.
-            for runtime in self.jobs.values():
-                for runner in runtime.runners.values():
-                    if runner.replicator is not None:
-                        runner.replicator.notify()
+            self._align_target = max(self._align_target, epoch)
+            self._align_wake.set()
+
+    async def _align_loop(self) -> None:
+        """Catches up with the newest epoch heartbeats reported, one alignment
+        at a time; owned by the worker's TaskGroup."""
+        while True:
+            await self._align_wake.wait()
+            self._align_wake.clear()
+            target = self._align_target
+            if target <= self._synced_epoch:
+                continue
+            try:
+                await self.catch_up(target)
+            except Exception as exc:  # the scheduler away, a peer unreachable: try again
+                log.warning("aligning with epoch %d failed (%s); retrying", target, exc)
+                await asyncio.sleep(0.1)
+                self._align_wake.set()
 
     def _count_recovery(self) -> None:
         self.recoveries += 1
@@ -630,7 +645,11 @@ class WorkerNode:
         self.retired.pop(key, None)
 
     async def close(self) -> None:
-        """Stops every job, then writes still running beyond their quorum."""
+        """Stops aligning and every job, then writes still running beyond
+        their quorum."""
+        self._aligner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._aligner
         for job_id in list(self.jobs):
             await self.stop_job(job_id)
         await self.state.close()
