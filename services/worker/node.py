@@ -529,7 +529,8 @@ class WorkerNode:
             for item in chunk.entries:
                 keys, values = codec.decode_batch(item.batch)
                 entries.append(Entry(item.offset, item.channel, item.sequence, keys, values,
-                                     item.batch, root=item.root))
+                                     item.batch, root=item.root,
+                                     previous_sequence=item.previous_sequence))
         return base, sequences, entries
 
     def _local_log(self, key: ContainerKey) -> FetchedLog | None:
@@ -541,7 +542,8 @@ class WorkerNode:
             for item in chunk.entries:
                 keys, values = codec.decode_batch(item.batch)
                 entries.append(Entry(item.offset, item.channel, item.sequence, keys, values,
-                                     item.batch, root=item.root))
+                                     item.batch, root=item.root,
+                                     previous_sequence=item.previous_sequence))
         return chunks[0].base_offset, dict(chunks[0].sequences), entries
 
     async def fetch_log(self, key: ContainerKey, epoch: int) -> FetchedLog | None:

@@ -56,6 +56,8 @@ class Entry:
     """The channel's highest sequence before this batch, to roll back to."""
     root: int = 0
     """Tuple tracking: the root (source batch) whose tree this batch is in."""
+    previous_sequence: int = 0
+    """What the sender said it had sent before on the channel (0: unknown)."""
 
     @property
     def count(self) -> int:
@@ -100,10 +102,13 @@ class ContainerClosed(Exception):
 class JobContainer:
     """A bounded, deduplicating, offset-addressed queue of record batches."""
 
-    def __init__(self, container_id: str, max_records: int, dedupe: bool = True) -> None:
+    def __init__(self, container_id: str, max_records: int, dedupe: bool = True,
+                 name_losses: bool = True) -> None:
         self.container_id = container_id
         self.max_records = max_records
         self.dedupe = dedupe
+        self.name_losses = dedupe and name_losses
+        """Whether gaps count as losses (not in at-most-once jobs, which allow them)."""
         self._entries: deque[Entry] = deque()
         self._base = 0  # offset of _entries[0]
         self._next_offset = 0
@@ -228,13 +233,13 @@ class JobContainer:
                 if self.is_duplicate(channel, sequence):
                     return False, self._last_offset.get(channel, -1)
             last = self._last_sequence.get(channel, 0)
-            if self.dedupe and last < previous_sequence < sequence:
+            if self.name_losses and last < previous_sequence < sequence:
                 lost = LostRange(channel, last + 1, previous_sequence)
                 self.losses.append(lost)
                 log.error("DATA LOSS %s", lost.describe(self.container_id))
             offset = self._next_offset
             self._entries.append(Entry(offset, channel, sequence, keys, values, batch,
-                                       last, root))
+                                       last, root, previous_sequence))
             self._next_offset += 1
             self._unconsumed_records += len(values)
             self._last_sequence[channel] = sequence
@@ -334,6 +339,23 @@ class JobContainer:
             self._last_sequence[e.channel] = max(self._last_sequence.get(e.channel, 0),
                                                  e.sequence)
         self.records_in = self._unconsumed_records
+
+    def find_gaps(self, start: int, sequences: dict[str, int]) -> list[LostRange]:
+        """Gaps among the retained entries from ``start``, given the highest
+        sequence per channel before it: the losses a previous owner saw (and
+        may have died with), found again from the log itself. Recorded in
+        :attr:`losses` unless already there."""
+        last = dict(sequences)
+        found = []
+        for entry in self.entries(start, self._next_offset):
+            before = last.get(entry.channel, 0)
+            if self.name_losses and before < entry.previous_sequence < entry.sequence:
+                lost = LostRange(entry.channel, before + 1, entry.previous_sequence)
+                if lost not in self.losses:
+                    self.losses.append(lost)
+                    found.append(lost)
+            last[entry.channel] = max(before, entry.sequence)
+        return found
 
     def skip_to(self, offset: int) -> None:
         """Moves the consumer to ``offset`` (at-most-once recovery skips replay)."""

@@ -46,7 +46,8 @@ MAX_ENTRIES_PER_CALL = 64
 def to_log_entry(entry: Entry) -> worker_pb2.LogEntry:
     """The wire form of a container entry."""
     return worker_pb2.LogEntry(offset=entry.offset, channel=entry.channel,
-                               sequence=entry.sequence, batch=entry.wire(), root=entry.root)
+                               sequence=entry.sequence, batch=entry.wire(), root=entry.root,
+                               previous_sequence=entry.previous_sequence)
 
 
 @dataclass

@@ -94,6 +94,17 @@ async def restore_task(runner: TaskRunner) -> bool:
                         "%d; resuming at the snapshot", runner.operator_id,
                         fetched[0] + len(fetched[2]), offset)
         runner.container.restore(offset, in_sequences, [], offset)
+    # Losses named before: those in the snapshot, and gaps in the log after
+    # it that a previous owner may have seen and died with.
+    for channel, first, last, what in saved.get("losses") or []:
+        known = LostRange(str(channel), int(first), int(last), str(what))
+        if known not in runner.container.losses:
+            runner.container.losses.append(known)
+    found = runner.container.find_gaps(offset, in_sequences)
+    for lost in found:
+        log.error("DATA LOSS %s", lost.describe(runner.container.container_id))
+    if found:
+        runner.record_losses(found)
     if runner.spec.delivery == "at_most_once":
         offset = max(offset, runner.container.next_offset)
         runner.container.skip_to(offset)

@@ -107,6 +107,7 @@ class TaskRunner:
         self.container = JobContainer(
             container_id(job_id, task_index, partition), max_records,
             dedupe=spec.delivery != "at_least_once",
+            name_losses=spec.delivery == "exactly_once",
         )
         stages = tasks[task_index]
         self.chain = OperatorChain(stages, f"job {spec.name}, task {task_index}")
@@ -331,6 +332,8 @@ class TaskRunner:
             "functions": self.functions,
             "batches": self.window.batches,
             "tracking": self.tracking.snapshot() if self.tracking is not None else [],
+            "losses": [[lost.channel, lost.first, lost.last, lost.what]
+                       for lost in self.container.losses],
         })
         self._last_close = time.monotonic()
         number = self.window.close()

@@ -132,3 +132,26 @@ async def test_take_returns_none_when_interrupted() -> None:
     interrupted = True
     await q.poke()
     assert await asyncio.wait_for(taker, 1) is None
+
+
+async def test_a_gap_in_a_channel_is_named_as_lost_and_found_again_from_the_log() -> None:
+    container = JobContainer("j/t1/p0", max_records=100)
+    await container.append("t0/p3", 1, None, ["a"])
+    await container.append("t0/p3", 2, None, ["b"], previous_sequence=1)
+    assert container.losses == []
+    # Sequences 3 and 4 were acknowledged to the sender, then lost with every copy.
+    await container.append("t0/p3", 5, None, ["e"], previous_sequence=4)
+    assert [(lost.channel, lost.first, lost.last) for lost in container.losses] == [
+        ("t0/p3", 3, 4)]
+    # A new owner restoring this log finds the same gap from the entries alone.
+    successor = JobContainer("j/t1/p0", max_records=100)
+    successor.restore(0, {}, container.retained(), 0)
+    found = successor.find_gaps(0, {})
+    assert [(lost.first, lost.last) for lost in found] == [(3, 4)]
+    assert successor.find_gaps(0, {}) == []  # named once
+
+
+async def test_at_most_once_does_not_count_gaps_as_losses() -> None:
+    container = JobContainer("j/t0/p0", max_records=100, name_losses=False)
+    await container.append("src/a", 5, None, ["x"], previous_sequence=4)
+    assert container.losses == []
