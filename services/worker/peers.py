@@ -19,6 +19,7 @@ import grpc
 from gridstream import codec, rpc
 from gridstream.errors import GridstreamError, StaleEpoch, from_rpc_error
 from gridstream.replicas import ReplicaClient
+from gridstream.retry import Backoff
 from gridstream.routing import RoutingView
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 from services.worker.queues import ContainerClosed
@@ -95,7 +96,7 @@ class PeerRouter:
     async def deliver(self, job_id: str, segments: list[OutSegment]) -> None:
         """Returns once every segment is in its owner's container."""
         remaining = segments
-        delay = 0.02
+        backoff = Backoff(f"delivering to job {job_id}", first_s=0.02, max_s=0.5)
         while remaining:
             by_owner: dict[str, list[OutSegment]] = {}
             for segment in remaining:
@@ -111,8 +112,7 @@ class PeerRouter:
             )
             remaining = [seg for failed in results for seg in failed]
             if remaining:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.5)
+                await backoff.wait()
 
     async def _send(
         self, job_id: str, owner: str, segments: list[OutSegment]

@@ -31,6 +31,7 @@ import msgpack
 
 from gridstream import codec
 from gridstream.errors import GridstreamError, StaleEpoch
+from gridstream.retry import Backoff
 from services.worker.operators import DELETED, StateDelta
 from services.worker.queues import OwnerFenced
 
@@ -321,7 +322,7 @@ class Persister:
     async def _retrying(self, what: str, call: Callable[[], Any]) -> bool:
         """Retries until done (True); False when the state servers fenced this
         operator: a newer owner writes its state now, so retrying is pointless."""
-        delay = 0.05
+        backoff = Backoff(f"{self._name}: writing {what}", first_s=0.05, max_s=1.0)
         while True:
             try:
                 await call()
@@ -332,9 +333,8 @@ class Persister:
             except StaleEpoch as exc:
                 return self._fenced(what, exc)
             except Exception as exc:
-                self._failed(what, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+                self._failed(what, exc, backoff.delay_s)
+            await backoff.wait()
 
     async def _persist_snapshot(self, snapshot: PendingSnapshot) -> bool:
         """Writes one window until it is durable (True). False when fenced, or

@@ -97,3 +97,15 @@ async def test_a_worker_cut_off_from_the_scheduler_but_not_its_peers(tmp_path: P
                             config=config(), seed=5, isolate=True)
     assert_exact(run)
     assert run.faults[0].detected_s is not None, run.table()  # the cut was past detection
+
+
+async def test_a_kill_every_four_seconds_for_a_minute(tmp_path: Path) -> None:
+    # Fifteen kills, one every four seconds, each landing while the previous
+    # victim may still be restarting or handing its partitions back. Short
+    # root timeouts keep the final drain short (trees that lost their tracker
+    # host are rebuilt after two timeouts).
+    steps = [Step("kill", 3.0 + 4.0 * i) for i in range(15)]
+    run = await run_history(steps, tmp_path, records=60_000, stream_s=62.0,
+                            config=config(), seed=6, tracking_timeout_s=5.0)
+    assert_exact(run)
+    assert len(run.faults) == 15 and all(f.detected_s is not None for f in run.faults)
