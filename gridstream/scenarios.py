@@ -295,7 +295,10 @@ async def _inject(cluster: LocalCluster, step: Step, rng: random.Random,
         victims = [rng.choice(sorted(n for n, m in cluster.members.items()
                                      if m.role == "stateserver"))]
     else:
-        victims = rng.sample(workers, min(step.victims, len(workers)))
+        # Faults land on running workers (one killed a moment ago may still be
+        # restarting); the victims are drawn from those.
+        running = [w for w in workers if cluster.members[w].alive()] or workers
+        victims = rng.sample(running, min(step.victims, len(running)))
     record = FaultRecord(step.kind, victims, time.time(), time.monotonic(), sender.in_flight())
     if step.kind == "pause":
         cluster.kill(victims[0], signal.SIGSTOP)
