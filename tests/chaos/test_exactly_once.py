@@ -81,17 +81,25 @@ async def test_kill_after_emit_before_the_operator_marks_it_done(tmp_path: Path)
 
 
 async def test_at_least_once_duplicates_but_never_loses(tmp_path: Path) -> None:
-    """The checker has teeth: without dedupe the same chaos shows duplicates."""
-    # Large windows: a recovered task replays many batches it had already emitted.
+    """The checker has teeth: without dedupe the same faults show duplicates."""
+    # worker-1 SIGKILLs itself right after a batch's output was acknowledged
+    # downstream and before the batch counts as done: its successor processes
+    # the batch again and, with no dedupe, the output is counted twice. Then
+    # one more kill lands once the cluster has healed.
+    marker = tmp_path / "crashed"
+    env = {"GRIDSTREAM_CRASH_POINT": "worker-1:after_emit:4",
+           "GRIDSTREAM_CRASH_ONCE_FILE": str(marker)}
     config = replace(Config(), cluster=ClusterConfig(window_size=50_000, partitions=12))
-    report = await run_chaos("wordcount", 200_000, faults=2, interval_s=0.5, seed=5,
-                             stream_s=6.0, run_dir=tmp_path, config=config,
-                             delivery="at_least_once", chunk=500)
+    report = await run_chaos("wordcount", 200_000, faults=1, interval_s=0.5, seed=5,
+                             stream_s=6.0, run_dir=tmp_path / "run", config=config,
+                             delivery="at_least_once", chunk=500, extra_env=env,
+                             first_after=marker)
+    assert marker.exists()
     assert not report.missing
     below = [w for w, n in report.expected.items() if report.actual.get(w, 0) < n]
     assert below == [], "at_least_once lost records"
     assert sum(report.actual.values()) > sum(report.expected.values()), (
-        "two kills produced no duplicate at all")
+        "a crash after emit produced no duplicate at all")
 
 
 async def test_a_slow_state_server_does_not_hold_processing_back(tmp_path: Path) -> None:
