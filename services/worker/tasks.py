@@ -295,13 +295,51 @@ class TaskRunner:
             return result, segments
         except Exception as exc:  # any error of one batch is contained
             error = f"{type(exc).__name__}: {safe_text(exc)}"
+            self.internal_errors += 1
+            if not self.chain.states:
+                # No keyed state was touched: only the records that fail alone
+                # go to dead letters, the others go on.
+                log.error("%s: batch %s could not be processed whole (%s); processing its "
+                          "records one by one", self.operator_id, batch_id, error)
+                return self._run_records(entry, batch_id)
             log.error("%s: batch %s could not be processed (%s); its %d records go to dead "
                       "letters", self.operator_id, batch_id, error, entry.count)
-            self.internal_errors += 1
-            keys = entry.keys or [None] * entry.count
-            dead = [(f"{batch_id}:<task>:{i}", "<task>", record_text(k, v), error)
-                    for i, (k, v) in enumerate(zip(keys, entry.values, strict=True))]
-            return ChainResult(None, [], dead_letters=dead), []
+            return self._dead_batch(entry, batch_id, error), []
+
+    def _run_records(self, entry: Entry, batch_id: str
+                     ) -> tuple[ChainResult, list[OutSegment]]:
+        """A stateless chain, record by record: a record that still fails goes
+        to dead letters with its error (deterministic on replay)."""
+        keys = entry.keys or [None] * entry.count
+        out = ChainResult(None, [], dead_letters=[])
+        for i, (key, value) in enumerate(zip(keys, entry.values, strict=True)):
+            one = Entry(entry.offset, entry.channel, entry.sequence,
+                        None if entry.keys is None else [key], [value])
+            try:
+                part = self.chain.process(one.keys, one.values, f"{batch_id}~{i}")
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {safe_text(exc)}"
+                out.dead_letters.append((f"{batch_id}:<task>:{i}", "<task>",
+                                         record_text(key, value), error))
+                continue
+            out.values.extend(part.values)
+            out.sink_rows.update(part.sink_rows)
+            out.dead_letters.extend(part.dead_letters)
+        segments: list[OutSegment] = []
+        if self.shuffle is not None and out.values:
+            try:  # keys are checked record by record inside split
+                segments = self.shuffle.split(out.values, batch_id, out.dead_letters)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {safe_text(exc)}"
+                return self._dead_batch(entry, batch_id, error), []
+        return out, segments
+
+    @staticmethod
+    def _dead_batch(entry: Entry, batch_id: str, error: str) -> ChainResult:
+        keys = entry.keys or [None] * entry.count
+        dead = [(f"{batch_id}:<task>:{i}", "<task>", record_text(k, v), error)
+                for i, (k, v) in enumerate(zip(keys, entry.values, strict=True))]
+        return ChainResult(None, [], dead_letters=dead)
 
     def record_losses(self, losses: list[LostRange]) -> None:
         """Names lost ranges durably (as dead letters of the task, which users
