@@ -46,6 +46,7 @@ from gridstream.errors import (
 from gridstream.ids import partition_for_key
 from gridstream.jobspec import JobSpec, load_job_file, validate
 from gridstream.replicas import ReplicaClient
+from gridstream.retry import Backoff, RetryExhausted
 from gridstream.routing import RoutingView
 from gridstream.v1 import (
     common_pb2,
@@ -443,9 +444,10 @@ class Client:
     async def _push(self, job_id: str, segment: worker_pb2.Segment) -> None:
         """Pushes one segment to its owner until acknowledged, following
         re-routes and retrying transient failures with backoff (never a
-        refusal for size, which no retry can cure)."""
-        deadline = time.monotonic() + self.send_timeout_s
-        delay = 0.02
+        refusal for size, which no retry can cure). After ``send_timeout_s``
+        the last error is raised (the outcome is then unknown)."""
+        backoff = Backoff(f"pushing to partition {segment.partition}", first_s=0.02,
+                          max_s=1.0, deadline_s=self.send_timeout_s)
         refresh = False
         while True:
             try:
@@ -456,14 +458,11 @@ class Client:
                 if address is None:
                     raise Unavailable(f"owner {owner} of partition {segment.partition} has no "
                                       "address")
-            except Unavailable:
+            except Unavailable as unavailable:
                 # Every worker briefly away (restarting) or the scheduler
                 # restarting: the same wait as for a push that failed.
-                if time.monotonic() + delay > deadline:
-                    raise
                 refresh = True
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 1.0)
+                await self._wait_or_raise(backoff, unavailable)
                 continue
             stub = worker_pb2_grpc.WorkerStub(self._channel(address))
             try:
@@ -484,11 +483,17 @@ class Client:
                     raise error from None
                 if not isinstance(error, StaleEpoch) and exc.code() not in _RETRYABLE:
                     raise error from None
-                if time.monotonic() + delay > deadline:
-                    raise error from None
                 refresh = True
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            await self._wait_or_raise(backoff, error)
+
+    @staticmethod
+    async def _wait_or_raise(backoff: Backoff, error: GridstreamError) -> None:
+        """Waits before the next attempt, or raises ``error`` itself once the
+        send deadline has passed."""
+        try:
+            await backoff.wait(error)
+        except RetryExhausted:
+            raise error from None
 
     # -- results ----------------------------------------------------------
 

@@ -10,6 +10,7 @@ caller says so: give ``deadline_s`` and :meth:`Backoff.wait` raises
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -55,9 +56,12 @@ class Backoff:
         """Whether the deadline (if any) has passed."""
         return self.deadline is not None and time.monotonic() >= self.deadline
 
-    async def wait(self, error: BaseException | None = None) -> None:
+    async def wait(self, error: BaseException | None = None,
+                   wake: asyncio.Event | None = None) -> None:
         """Sleeps before the next attempt; raises RetryExhausted when the next
-        attempt would start after the deadline."""
+        attempt would start after the deadline. With ``wake``, the sleep ends
+        early when the event is set (something changed that is worth trying
+        again at once, e.g. the membership)."""
         self.attempts += 1
         delay = self.delay_s
         if self.deadline is not None:
@@ -65,7 +69,11 @@ class Backoff:
             if left <= 0:
                 raise RetryExhausted(self.what, self.attempts, error)
             delay = min(delay, left)
-        await asyncio.sleep(delay)
+        if wake is None:
+            await asyncio.sleep(delay)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), delay)
         self.delay_s = min(self.delay_s * 2, self.max_s)
 
 

@@ -31,6 +31,7 @@ import grpc
 
 from gridstream.errors import StaleEpoch, from_rpc_error
 from gridstream.faults import FAULTS
+from gridstream.retry import Backoff
 from gridstream.routing import RoutingView
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 from services.worker.peers import Channels
@@ -174,7 +175,7 @@ class Replicator:
         """Replicates until cancelled; owned by the task runner. Every round
         contacts every holder, even with nothing new to send, so a holder
         that lost its copy is found out and sent a full one."""
-        delay = 0.02
+        backoff = Backoff(f"replicating {self.container.container_id}", first_s=0.02, max_s=0.5)
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -218,17 +219,15 @@ class Replicator:
                 log.warning("%s: replication failed (%s); retrying", self.container.container_id,
                             exc)
                 # Back off, but wake at once when the membership changes.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                await backoff.wait(exc, wake=self._wake)
                 self._wake.set()
-                delay = min(delay * 2, 0.5)
-                if delay >= 0.16:
+                if backoff.delay_s >= 0.16:
                     try:
                         await self.routing.refresh()
                     except Exception as refresh_error:  # scheduler briefly away
                         log.debug("routing refresh failed: %s", refresh_error)
                 continue
-            delay = 0.02
+            backoff.reset()
             for holder in list(self._synced):
                 if holder not in holders:
                     del self._synced[holder]

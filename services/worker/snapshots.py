@@ -341,7 +341,7 @@ class Persister:
         when a whole state queued behind it makes it unnecessary (a delta that
         no replica can chain, see :data:`ROOT_AFTER_S`)."""
         what = f"window {snapshot.window}"
-        delay = 0.05
+        backoff = Backoff(f"{self._name}: writing {what}", first_s=0.05, max_s=2.0)
         chunks: list[tuple[bytes, int]] | None = None
         missing_since: float | None = None
         while True:
@@ -362,7 +362,7 @@ class Persister:
             except StaleEpoch as exc:
                 return self._fenced(what, exc)
             except Exception as exc:
-                self._failed(what, exc, delay)
+                self._failed(what, exc, backoff.delay_s)
                 if "missing parent" in str(exc) and snapshot.parent is not None:
                     missing_since = missing_since or time.monotonic()
                     if time.monotonic() - missing_since >= ROOT_AFTER_S and not self.needs_root:
@@ -370,8 +370,7 @@ class Persister:
                                   "next window will carry the whole state", self._name, what,
                                   snapshot.parent)
                         self.needs_root = True
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            await backoff.wait()
 
     async def run(self) -> None:
         """The background loop; owned and cancelled by the task runner."""
