@@ -21,9 +21,10 @@ from services.worker.operators import DELETED, OperatorChain
 from services.worker.snapshots import PendingSnapshot, apply_stored, pack_changes
 
 KEYS = 300_000
-TOLERANCE_S = ClusterConfig().heartbeat_interval_s
-"""One heartbeat interval: the detector tolerates three (its acceptable pause)
-before suspicion rises, so a stall below one cannot convict a busy worker."""
+TOLERANCE_S = 2 * ClusterConfig().heartbeat_interval_s
+"""Two heartbeat intervals: the detector tolerates three (its acceptable
+pause) before suspicion rises, so a stall below two cannot convict a busy
+worker, with one interval of margin left for a loaded machine's scheduling."""
 
 
 def counting_chain() -> OperatorChain:
