@@ -133,3 +133,19 @@ def from_rpc_error(error: grpc.aio.AioRpcError, what: str = "") -> GridstreamErr
         return StaleEpoch(message, epoch)
     cls = _BY_CODE.get(code, GridstreamError)
     return cls(message)
+
+
+def innermost_error(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (the error itself otherwise)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def describe_error(exc: BaseException) -> str:
+    """The innermost error of an exception (group), in one short line."""
+    exc = innermost_error(exc)
+    try:
+        return f"{type(exc).__name__}: {exc}"[:500]
+    except Exception:  # an exception whose __str__ fails
+        return type(exc).__name__

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -19,18 +18,23 @@ import numpy as np
 
 from gridstream import codec
 from gridstream.config import Config
-from gridstream.errors import GridstreamError, InvalidArgument, NotFound, StaleEpoch, Unavailable
+from gridstream.errors import (
+    GridstreamError,
+    InvalidArgument,
+    NotFound,
+    StaleEpoch,
+    Unavailable,
+    describe_error,
+    innermost_error,
+)
 from gridstream.jobspec import JobSpec, Stage, check_imports, plan_tasks
 from gridstream.metrics import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
     Metric,
-    counter,
-    gauge,
 )
 from gridstream.retry import Backoff, RetryExhausted
 from gridstream.routing import RoutingView
 from gridstream.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from services.worker.metrics import node_metrics
 from services.worker.peers import Channels, OutSegment, PeerRouter, StateClient
 from services.worker.queues import Entry, JobContainer, OwnerFenced
 from services.worker.replication import BackupStore, ContainerKey, to_log_entry
@@ -173,7 +177,7 @@ class WorkerNode:
                     # raises the error and swallows the cancellation, so leave
                     # here, or _stop_task would wait for us forever.
                     return
-                superseded = _innermost(exc)
+                superseded = innermost_error(exc)
                 if isinstance(superseded, OwnerFenced):
                     # Not an error of the task: a newer owner took over (maybe
                     # at an epoch this worker skipped). Start again at the epoch
@@ -184,7 +188,7 @@ class WorkerNode:
                     await backoff.wait()
                     runner = await self._restart_task(runner, "", count=False)
                     continue
-                error = _describe(exc)
+                error = describe_error(exc)
                 log.error("task %s failed (%s); starting it again from its snapshot",
                           runner.operator_id, error, exc_info=exc)
             await backoff.wait()
@@ -571,76 +575,7 @@ class WorkerNode:
 
     def metrics(self) -> list[Metric]:
         """Per-task series for Prometheus, read from live state at scrape time."""
-        labels = ["job", "task", "partition"]
-        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
-            "in": counter("gridstream_records_in", "Records appended to the task's "
-                          "JobContainer (since the task started here)", labels),
-            "done": counter("gridstream_records_processed", "Records the task's operators "
-                            "finished", labels),
-            "out": counter("gridstream_records_out", "Records emitted to the next task",
-                           labels),
-            "queue": gauge("gridstream_queue_depth_records", "Records waiting in the "
-                           "JobContainer", labels),
-            "lag": gauge("gridstream_snapshot_lag_batches", "Batches processed since the "
-                         "last durable window snapshot", labels),
-            "windows": counter("gridstream_windows_persisted", "Window snapshots made durable",
-                               labels),
-            "dead": counter("gridstream_dead_letters", "Records sent to the dead-letter table",
-                            labels),
-        }
-        for runtime in self.jobs.values():
-            for runner in runtime.runners.values():
-                values = [runtime.job_id, str(runner.task_index), str(runner.partition)]
-                families["in"].add_metric(values, runner.container.records_in)
-                families["done"].add_metric(values, runner.records_processed)
-                families["out"].add_metric(values, runner.records_out)
-                families["queue"].add_metric(values, runner.container.pending_records)
-                families["lag"].add_metric(values, runner.latest.offset - runner.durable_offset)
-                families["windows"].add_metric(values, runner.persister.windows_persisted)
-                families["dead"].add_metric(values, runner.dead_letters)
-        recoveries = counter("gridstream_recoveries", "Tasks started from a snapshot or a "
-                             "log copy taken over from another worker", [])
-        recoveries.add_metric([], self.recoveries)
-        roots = gauge("gridstream_tracked_roots", "In-flight roots held by the trackers this "
-                      "worker hosts", [])
-        roots.add_metric([], self.trackers.roots_held)
-        table_bytes = gauge("gridstream_tracker_bytes", "Bytes of the tracking tables this "
-                            "worker hosts", [])
-        table_bytes.add_metric([], self.trackers.bytes_held)
-        outcomes = counter("gridstream_tracked_roots_outcomes", "Roots whose tree completed, "
-                           "timed out, or was rebuilt, on trackers hosted here", ["outcome"])
-        outcomes.add_metric(["completed"], self.trackers.completed)
-        outcomes.add_metric(["failed"], self.trackers.failed)
-        outcomes.add_metric(["rebuilt"], self.trackers.rebuilt)
-        outcomes.add_metric(["abandoned"], self.trackers.abandoned)
-        lost = counter("gridstream_batches_lost", "Acknowledged batches found lost (more "
-                       "failures than backup_count allows), per job", ["job"])
-        for runtime in self.jobs.values():
-            lost.add_metric([runtime.job_id], sum(
-                lost_range.last - lost_range.first + 1
-                for runner in runtime.runners.values()
-                for lost_range in runner.container.losses))
-        restarts = counter("gridstream_task_restarts", "Times a task's loop failed and was "
-                           "started again from its snapshot", ["job"])
-        for runtime in self.jobs.values():
-            restarts.add_metric([runtime.job_id],
-                                sum(r.restarts for r in runtime.runners.values()))
-        failures = counter("gridstream_snapshot_write_failures", "Window snapshot and result "
-                           "writes that failed and are being retried (trimming waits)",
-                           ["job"])
-        stalled = gauge("gridstream_snapshot_stalled_seconds", "Seconds a task's writes have "
-                        "been failing without a success (0 when healthy)", ["job", "task",
-                                                                          "partition"])
-        now = time.monotonic()
-        for runtime in self.jobs.values():
-            failures.add_metric([runtime.job_id], sum(
-                r.persister.write_failures for r in runtime.runners.values()))
-            for r in runtime.runners.values():
-                since = r.persister.failing_since
-                stalled.add_metric([runtime.job_id, str(r.task_index), str(r.partition)],
-                                   0.0 if since is None else now - since)
-        return [*families.values(), recoveries, roots, table_bytes, outcomes, lost, restarts,
-                failures, stalled]
+        return node_metrics(self)
 
     def drop_retired(self, key: ContainerKey) -> None:
         """Forgets a retired container once its new owner has it."""
@@ -655,22 +590,6 @@ class WorkerNode:
         for job_id in list(self.jobs):
             await self.stop_job(job_id)
         await self.state.close()
-
-
-def _innermost(exc: BaseException) -> BaseException:
-    """The first leaf of an exception group (the error itself otherwise)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def _describe(exc: BaseException) -> str:
-    """The innermost error of an exception (group), in one short line."""
-    exc = _innermost(exc)
-    try:
-        return f"{type(exc).__name__}: {exc}"[:500]
-    except Exception:  # an exception whose __str__ fails
-        return type(exc).__name__
 
 
 __all__ = ["JobRuntime", "WorkerNode"]

@@ -1,0 +1,87 @@
+"""Prometheus series of one worker, read from its live state at scrape time:
+per-task counters, recoveries and restarts, tracking, losses and stalled
+writes."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from gridstream.metrics import CounterMetricFamily, GaugeMetricFamily, Metric, counter, gauge
+
+if TYPE_CHECKING:
+    from services.worker.node import WorkerNode
+
+
+def node_metrics(node: WorkerNode) -> list[Metric]:
+    """Every series of ``node``."""
+    labels = ["job", "task", "partition"]
+    families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
+        "in": counter("gridstream_records_in", "Records appended to the task's "
+                      "JobContainer (since the task started here)", labels),
+        "done": counter("gridstream_records_processed", "Records the task's operators "
+                        "finished", labels),
+        "out": counter("gridstream_records_out", "Records emitted to the next task",
+                       labels),
+        "queue": gauge("gridstream_queue_depth_records", "Records waiting in the "
+                       "JobContainer", labels),
+        "lag": gauge("gridstream_snapshot_lag_batches", "Batches processed since the "
+                     "last durable window snapshot", labels),
+        "windows": counter("gridstream_windows_persisted", "Window snapshots made durable",
+                           labels),
+        "dead": counter("gridstream_dead_letters", "Records sent to the dead-letter table",
+                        labels),
+    }
+    for runtime in node.jobs.values():
+        for runner in runtime.runners.values():
+            values = [runtime.job_id, str(runner.task_index), str(runner.partition)]
+            families["in"].add_metric(values, runner.container.records_in)
+            families["done"].add_metric(values, runner.records_processed)
+            families["out"].add_metric(values, runner.records_out)
+            families["queue"].add_metric(values, runner.container.pending_records)
+            families["lag"].add_metric(values, runner.latest.offset - runner.durable_offset)
+            families["windows"].add_metric(values, runner.persister.windows_persisted)
+            families["dead"].add_metric(values, runner.dead_letters)
+    recoveries = counter("gridstream_recoveries", "Tasks started from a snapshot or a "
+                         "log copy taken over from another worker", [])
+    recoveries.add_metric([], node.recoveries)
+    roots = gauge("gridstream_tracked_roots", "In-flight roots held by the trackers this "
+                  "worker hosts", [])
+    roots.add_metric([], node.trackers.roots_held)
+    table_bytes = gauge("gridstream_tracker_bytes", "Bytes of the tracking tables this "
+                        "worker hosts", [])
+    table_bytes.add_metric([], node.trackers.bytes_held)
+    outcomes = counter("gridstream_tracked_roots_outcomes", "Roots whose tree completed, "
+                       "timed out, or was rebuilt, on trackers hosted here", ["outcome"])
+    outcomes.add_metric(["completed"], node.trackers.completed)
+    outcomes.add_metric(["failed"], node.trackers.failed)
+    outcomes.add_metric(["rebuilt"], node.trackers.rebuilt)
+    outcomes.add_metric(["abandoned"], node.trackers.abandoned)
+    lost = counter("gridstream_batches_lost", "Acknowledged batches found lost (more "
+                   "failures than backup_count allows), per job", ["job"])
+    for runtime in node.jobs.values():
+        lost.add_metric([runtime.job_id], sum(
+            lost_range.last - lost_range.first + 1
+            for runner in runtime.runners.values()
+            for lost_range in runner.container.losses))
+    restarts = counter("gridstream_task_restarts", "Times a task's loop failed and was "
+                       "started again from its snapshot", ["job"])
+    for runtime in node.jobs.values():
+        restarts.add_metric([runtime.job_id],
+                            sum(r.restarts for r in runtime.runners.values()))
+    failures = counter("gridstream_snapshot_write_failures", "Window snapshot and result "
+                       "writes that failed and are being retried (trimming waits)",
+                       ["job"])
+    stalled = gauge("gridstream_snapshot_stalled_seconds", "Seconds a task's writes have "
+                    "been failing without a success (0 when healthy)", ["job", "task",
+                                                                      "partition"])
+    now = time.monotonic()
+    for runtime in node.jobs.values():
+        failures.add_metric([runtime.job_id], sum(
+            r.persister.write_failures for r in runtime.runners.values()))
+        for r in runtime.runners.values():
+            since = r.persister.failing_since
+            stalled.add_metric([runtime.job_id, str(r.task_index), str(r.partition)],
+                               0.0 if since is None else now - since)
+    return [*families.values(), recoveries, roots, table_bytes, outcomes, lost, restarts,
+            failures, stalled]
