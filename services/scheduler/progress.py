@@ -41,8 +41,10 @@ def drain_verdict(spec: JobSpec, entries: Iterable[common_pb2.TaskProgress]) -> 
         duplicate one (two workers both claim it during a handoff) is not drained;
     (b) every entry has ``queue_batches == 0``, ``outbound_pending == 0``,
         ``persist_pending == 0`` and ``records_processed == records_in``;
-    (c) no source task holds a pending root (``roots_pending == 0``): every
-        tracked tuple tree is complete.
+    (c) in an exactly-once job, no source task holds a pending root
+        (``roots_pending == 0``): every tracked tuple tree is complete. In an
+        at-least-once job tracking only reports (nothing is replayed by it),
+        so (a) and (b) decide.
 
     ``spec`` must have its defaults filled in (``partitions`` > 0).
     """
@@ -74,6 +76,6 @@ def drain_verdict(spec: JobSpec, entries: Iterable[common_pb2.TaskProgress]) -> 
         if e.records_processed != e.records_in:
             return DrainVerdict(False, f"{where}: processed {e.records_processed} of "
                                 f"{e.records_in} records")
-        if e.roots_pending:
+        if e.roots_pending and spec.delivery == "exactly_once":
             return DrainVerdict(False, f"{where}: {e.roots_pending} tuple trees not complete")
     return DrainVerdict(True)

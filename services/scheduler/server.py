@@ -320,7 +320,8 @@ class SchedulerCore:
             abandoned = ([f"{job_id}/t{task.task}/p{task.partition}: {task.roots_abandoned} "
                           "tuple trees abandoned on "
                           f"{task.node_id} (incomplete after repeated rebuilds)"]
-                         if task.roots_abandoned else [])
+                         if task.roots_abandoned and record.spec.delivery == "exactly_once"
+                         else [])
             for loss in [*task.losses, *abandoned]:
                 if loss not in known:
                     known.add(loss)

@@ -36,3 +36,12 @@ def test_missing_or_doubled_entries_mean_not_drained() -> None:
     assert "has not reported" in drain_verdict(SPEC, [idle(0, 0), idle(0, 1), idle(1, 0)]).reason
     doubled = [idle(0, 0), idle(0, 1), idle(1, 0), idle(1, 1), idle(1, 1)]
     assert "reported twice" in drain_verdict(SPEC, doubled).reason
+
+
+def test_pending_tuple_trees_hold_an_exactly_once_drain_only() -> None:
+    pending = common_pb2.TaskProgress(task=0, partition=1, records_in=10,
+                                      records_processed=10, roots_pending=1)
+    entries = [idle(0, 0), pending, idle(1, 0), idle(1, 1)]
+    assert "1 tuple trees not complete" in drain_verdict(SPEC, entries).reason
+    at_least_once = wordcount.job(partitions=2, delivery="at_least_once")
+    assert drain_verdict(at_least_once, entries).drained
