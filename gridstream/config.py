@@ -319,12 +319,7 @@ class Config:
         (:meth:`check_member_credentials`) and, without TLS, a loopback
         interface unless security.plaintext_network allows another."""
         self.check_member_credentials()
-        if not self.security.tls and not self.security.plaintext_network \
-                and not is_loopback(host):
-            raise ConfigError(
-                f"refusing to serve plaintext on {host}: bind 127.0.0.1, turn on "
-                "security.tls, or set security.plaintext_network = true for a network you "
-                "trust")
+        check_bind(self.security, host)
         return self
 
     def check_member_credentials(self) -> Config:
@@ -337,6 +332,17 @@ class Config:
                 "to one another with it); create one with `gridstream certs` or use the "
                 "cluster.toml that `gridstream up` writes")
         return self
+
+
+def check_bind(security: SecurityConfig, host: str) -> None:
+    """Refuses plaintext on a non-loopback interface unless
+    security.plaintext_network allows it: plaintext would show tokens, the
+    cluster secret and records to the network."""
+    if not security.tls and not security.plaintext_network and not is_loopback(host):
+        raise ConfigError(
+            f"refusing to serve plaintext on {host}: bind 127.0.0.1, turn on "
+            "security.tls, or set security.plaintext_network = true for a network you "
+            "trust")
 
 
 def is_loopback(host: str) -> bool:

@@ -24,7 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from gridstream import rpc
 from gridstream.auth import CallGuard, load_cluster_secret, load_tokens
-from gridstream.config import ConfigError, SecurityConfig, is_loopback
+from gridstream.config import ConfigError, SecurityConfig, check_bind
 from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -99,12 +99,7 @@ class ServiceHost:
         """Binds and starts; returns the bound port (useful with port 0).
         Without TLS, only a loopback interface unless security.plaintext_network
         says otherwise: plaintext would show tokens and records to the network."""
-        if not self.security.tls and not self.security.plaintext_network \
-                and not is_loopback(host):
-            raise ConfigError(
-                f"refusing to serve plaintext on {host}: bind 127.0.0.1, turn on "
-                "security.tls, or set security.plaintext_network = true for a network you "
-                "trust")
+        check_bind(self.security, host)
         if self.security.tls:
             self.port = self.server.add_secure_port(
                 f"{host}:{port}", rpc.server_credentials(self.security))

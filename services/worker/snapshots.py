@@ -52,26 +52,15 @@ class LatestSnapshot:
     What stands in for them is the idempotence rule (docs/recovery.md): lv and
     the offset come back from the last durable window, every batch after it is
     processed again, and outputs already emitted (os=true) carry the same
-    identities, which their receivers drop as duplicates. ``in_flight`` is
-    kept for what it is still good for while the process lives: status, and
-    the ``after_emit`` crash point's meaning (output acknowledged, os not yet
-    true).
+    identities, which their receivers drop as duplicates.
     """
 
     offset: int = 0
     """Position in the container of the next batch to take (offset+1 once a
     batch is done: the seed's os=true and offset+1, as one step)."""
-    in_flight: tuple[str, int] | None = None
-    """(channel, sequence) of the batch being processed (os=false), or None."""
-
-    def begin(self, channel: str, sequence: int, offset: int) -> None:
-        """os=false: the batch at ``offset`` is being processed."""
-        self.in_flight = (channel, sequence)
-        self.offset = offset
 
     def finish(self, next_offset: int) -> None:
         """os=true, offset+1: output emitted and acknowledged, as one step."""
-        self.in_flight = None
         self.offset = next_offset
 
 
@@ -226,7 +215,6 @@ class Persister:
         self._idle.set()
         self.windows_persisted = 0
         self.last_durable_window = -1
-        self.fenced = False
         self.head: int | None = None
         """The newest window handed over (restored or submitted): the parent of
         the next delta; None before the first, which is then a whole state."""
@@ -316,7 +304,6 @@ class Persister:
         still this worker's (an ownership that went away and came back)."""
         log.warning("%s: writing %s refused, a newer owner claimed the operator (%s); "
                     "stopping this task", self._name, what, exc)
-        self.fenced = True
         raise OwnerFenced(f"{self._name}: {exc}") from None
 
     async def _retrying(self, what: str, call: Callable[[], Any]) -> bool:

@@ -1,8 +1,7 @@
 """TaskRunner: one (job, task, partition) — a JobContainer feeding a JobOperator
 chain, with its shuffle, double buffer, replicator and persister.
 
-The loop, per batch, follows the seed's method: take the batch (LatestSnapshot
-os=false), run the chain, emit the output and wait for its acknowledgement,
+The loop, per batch, follows the seed's method: take the batch, run the chain, emit the output and wait for its acknowledgement,
 then mark it done (os=true, offset+1) and add it to the WindowSnapshot. When
 the window reaches W records, its state and offsets go to the Persister, which
 writes them asynchronously; sink rows go with them. When the container runs
@@ -245,7 +244,6 @@ class TaskRunner:
                 if self.window.batches:
                     self._close_window()
                 continue
-            self.latest.begin(entry.channel, entry.sequence, offset)
             batch_id = batch_identity(self.task_index, self.partition, entry.channel,
                                       entry.sequence)
             self.invocations += entry.count
