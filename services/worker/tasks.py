@@ -1,12 +1,13 @@
 """TaskRunner: one (job, task, partition) — a JobContainer feeding a JobOperator
 chain, with its shuffle, double buffer, replicator and persister.
 
-The loop, per batch, follows the seed's method: take the batch, run the chain, emit the output and wait for its acknowledgement,
-then mark it done (os=true, offset+1) and add it to the WindowSnapshot. When
-the window reaches W records, its state and offsets go to the Persister, which
-writes them asynchronously; sink rows go with them. When the container runs
-empty, pending sink rows are flushed too (the seed persists its map "when its
-input queue runs empty").
+The loop, per batch, follows the seed's method: take the batch, run the
+chain, emit the output and wait for its acknowledgement, then mark it done
+(os=true, offset+1) and add it to the WindowSnapshot. When the window reaches
+W records, its state and offsets go to the Persister, which writes them
+asynchronously; sink rows go with them. When the container runs empty,
+pending sink rows are flushed too (the seed persists its map "when its input
+queue runs empty").
 
 Recovery, when a runner starts, is :func:`services.worker.restore.restore_task`
 (snapshot, log copy, replay from the snapshot's offset); the idempotence rule
