@@ -76,7 +76,8 @@ async def _status(args: argparse.Namespace) -> int:
             for e in list(status.events)[-10:]:
                 when = time.strftime("%H:%M:%S", time.localtime(e.at))
                 print(f"  {when} {e.node_id}: {STATE_NAMES.get(e.old_state, 'new')} -> "
-                      f"{STATE_NAMES.get(e.new_state, '?')} (phi {e.phi:.1f}, epoch {e.epoch})")
+                      f"{STATE_NAMES.get(e.new_state, '?')} ({e.reason or 'detector'}, "
+                      f"phi {e.phi:.1f}, epoch {e.epoch})")
         print(f"\n{'job':<28}{'state':<11}{'partitions':>10}  error")
         for job in status.jobs:
             print(f"{job.job_id:<28}{JOB_STATES.get(job.state, '?'):<11}"

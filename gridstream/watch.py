@@ -130,7 +130,8 @@ class Watcher:
             for e in list(status.events)[-6:]:
                 when = time.strftime("%H:%M:%S", time.localtime(e.at))
                 lines.append(f"  {when} {e.node_id}: {STATES.get(e.old_state, 'new')} -> "
-                             f"{STATES.get(e.new_state, '?')} (phi {e.phi:.1f})")
+                             f"{STATES.get(e.new_state, '?')} ({e.reason or 'detector'}, "
+                             f"phi {e.phi:.1f})")
         lines += ["", "warnings:" if warnings else "no warnings"]
         lines += [f"  ! {w}" for w in warnings]
         return "\n".join(lines)

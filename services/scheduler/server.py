@@ -75,11 +75,11 @@ class SchedulerCore:
             self._saved_epoch = self.membership.epoch
             await self.registry.save_epoch(self.membership.epoch)
 
-    def record(self, node_id: str, old: int, new: int, phi: float) -> None:
+    def record(self, node_id: str, old: int, new: int, phi: float, reason: str) -> None:
         """Remembers a state change for `gridstream status`."""
         self.events.append(scheduler_pb2.MemberEvent(
             node_id=node_id, old_state=old, new_state=new,  # type: ignore[arg-type]
-            phi=phi, at=time.time(), epoch=self.membership.epoch))
+            phi=phi, at=time.time(), epoch=self.membership.epoch, reason=reason))
 
     # -- membership -----------------------------------------------------------
 
@@ -94,9 +94,21 @@ class SchedulerCore:
         check_address(request.address)
         old = self.membership.members.get(request.node_id)
         old_state = old.state if old else 0
+        if (old is not None and old.incarnation != request.incarnation
+                and old_state != scheduler_pb2.MEMBER_STATE_DEAD):
+            # The old incarnation died (its memory is gone) before the detector
+            # convicted it: that is a failure like any other, and is named so.
+            log.warning("%s restarted (incarnation %s replaces %s) before it was "
+                        "declared dead", request.node_id, request.incarnation[:8],
+                        old.incarnation[:8])
+            self.detections += 1
+            self.record(request.node_id, old_state, scheduler_pb2.MEMBER_STATE_DEAD,
+                        old.phi, "restarted")
+            old_state = scheduler_pb2.MEMBER_STATE_DEAD
         if self.membership.register(request.node_id, request.role, request.address,
                                     request.incarnation, time.monotonic()):
-            self.record(request.node_id, old_state, scheduler_pb2.MEMBER_STATE_ALIVE, 0.0)
+            self.record(request.node_id, old_state, scheduler_pb2.MEMBER_STATE_ALIVE, 0.0,
+                        "registered")
             log.info("%s registered (%s) at %s", request.node_id,
                      "worker" if request.role == 1 else "state server", request.address)
             await self.registry.save_member(request.node_id, request.role, request.address,
@@ -116,7 +128,7 @@ class SchedulerCore:
         except ValueError as exc:
             raise FailedPrecondition(str(exc)) from None
         if old_state != record.state:
-            self.record(node_id, old_state, record.state, record.phi)
+            self.record(node_id, old_state, record.state, record.phi, "retiring")
             log.info("%s retiring: out of the write ring at epoch %d", node_id,
                      self.membership.epoch)
             await self.persist_epoch()
@@ -143,7 +155,7 @@ class SchedulerCore:
                                      "(gridstream stateserver retire)")
         if not self.membership.remove(node_id, incarnation):
             raise FailedPrecondition(f"{node_id} has registered again since; not removed")
-        self.record(node_id, scheduler_pb2.MEMBER_STATE_LEAVING, 0, 0.0)
+        self.record(node_id, scheduler_pb2.MEMBER_STATE_LEAVING, 0, 0.0, "left")
         await self.registry.delete_member(node_id)
         await self.persist_epoch()
         log.info("%s left the cluster", node_id)
@@ -176,7 +188,7 @@ class SchedulerCore:
                 self.detections += 1
             log.warning("%s: %s -> %s (phi %.2f)", t.node_id, _STATE_NAMES.get(t.old, "?"),
                         _STATE_NAMES.get(t.new, "?"), t.phi)
-            self.record(t.node_id, t.old, t.new, t.phi)
+            self.record(t.node_id, t.old, t.new, t.phi, "detector")
 
     async def detect_forever(self) -> None:
         """The failure detector's loop; owned by the service's TaskGroup."""

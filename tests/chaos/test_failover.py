@@ -82,8 +82,9 @@ async def test_status_shows_states_and_phi(cluster: LocalCluster, client: Client
     workers = [m for m in status.members if m.member.role == scheduler_pb2.MEMBER_ROLE_WORKER]
     assert len(workers) == 3
     assert all(m.phi < 8 for m in workers)
-    dead_events = [e for e in status.events if e.new_state == scheduler_pb2.MEMBER_STATE_DEAD]
-    assert dead_events and all(e.phi >= 8 for e in dead_events)
+    convicted = [e for e in status.events
+                 if e.new_state == scheduler_pb2.MEMBER_STATE_DEAD and e.reason == "detector"]
+    assert convicted and all(e.phi >= 8 for e in convicted)
 
 
 async def test_paused_worker_is_fenced_then_rejoins(cluster: LocalCluster,
