@@ -219,12 +219,18 @@ class Client:
 
     # -- data -------------------------------------------------------------
 
+    async def routing_table(self) -> scheduler_pb2.RoutingTable:
+        """The scheduler's current routing table: members with their
+        incarnations, partition owners of every job, the tracker layout."""
+        self._table = await self._call(
+            "fetching the routing table", self._scheduler.GetRoutingTable,
+            scheduler_pb2.GetRoutingTableRequest(), rpc.CONTROL_TIMEOUT_S,
+        )
+        return self._table
+
     async def _routing(self, job_id: str, refresh: bool = False) -> scheduler_pb2.JobRouting:
         if refresh or not any(j.job_id == job_id for j in self._table.jobs):
-            self._table = await self._call(
-                "fetching the routing table", self._scheduler.GetRoutingTable,
-                scheduler_pb2.GetRoutingTableRequest(), rpc.CONTROL_TIMEOUT_S,
-            )
+            await self.routing_table()
         for job in self._table.jobs:
             if job.job_id == job_id:
                 if not job.owners:

@@ -32,6 +32,8 @@ class RoutingView:
         self.table = scheduler_pb2.RoutingTable()
         self.owners: dict[str, list[str]] = {}
         self.addresses: dict[str, str] = {}
+        self.incarnations: dict[str, str] = {}
+        """node id -> the incarnation the table lists (new at every restart)."""
         self.state_servers: dict[str, str] = {}
         self.workers: list[str] = []
         self._worker_ring = HashRing([], virtual_nodes)
@@ -58,6 +60,7 @@ class RoutingView:
         self.epoch = table.epoch
         self.owners = {job.job_id: list(job.owners) for job in table.jobs}
         self.addresses = {m.node_id: m.address for m in table.members}
+        self.incarnations = {m.node_id: m.incarnation for m in table.members}
         self.state_servers = {
             m.node_id: m.address
             for m in table.members

@@ -32,9 +32,12 @@ from gridstream.errors import DataLoss, DeadlineExceeded, GridstreamError, Unava
 from gridstream.examples import history
 from gridstream.faultproxy import FaultProxy
 from gridstream.local import LocalCluster
+from gridstream.tracking.ring import tracker_hosts
 from gridstream.v1 import scheduler_pb2
 
 DEAD = scheduler_pb2.MEMBER_STATE_DEAD
+WORKER_FAULTS = ("kill", "tracker", "pause", "isolate")
+"""Step kinds whose victims are workers (their detection is measured)."""
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,9 @@ class Step:
 
     ``kind``: ``kill`` (SIGKILL ``victims`` workers, ``gap_s`` apart),
     ``pause`` (SIGSTOP a worker for ``pause_s``, then SIGCONT), ``scheduler``
-    (SIGKILL the scheduler), ``state`` (SIGKILL a state server) or
-    ``isolate`` (cut one worker off from the scheduler, not from its peers,
+    (SIGKILL the scheduler), ``state`` (SIGKILL a state server),
+    ``tracker`` (SIGKILL a worker that hosts a tuple tracker, by the current
+    routing table) or ``isolate`` (cut one worker off from the scheduler, not from its peers,
     for ``pause_s``: the run must be given ``isolate=True``).
     """
 
@@ -239,7 +243,7 @@ async def run_history(
         run.seconds = time.monotonic() - started
         actual = await client.results(job_id)
         events = await _dead_events(client, wall_started)
-    victims = {v for f in run.faults if f.kind in ("kill", "pause", "isolate")
+    victims = {v for f in run.faults if f.kind in WORKER_FAULTS
                for v in f.victims}
     run.wrongly_convicted = sorted({n for n, _ in events if n not in victims})
     for fault, found in zip(run.faults, detections, strict=True):
@@ -253,7 +257,7 @@ async def run_history(
 async def _detections(client: Client, fault: FaultRecord) -> list[float | None]:
     """Seconds until each victim of a worker fault was declared dead (watched
     live: the scheduler's event list is short); empty for other faults."""
-    if fault.kind not in ("kill", "pause", "isolate"):
+    if fault.kind not in WORKER_FAULTS:
         return []
     return list(await asyncio.gather(*(
         detection_time(client, victim, fault.wall_at, timeout_s=15.0)
@@ -294,6 +298,12 @@ async def _inject(cluster: LocalCluster, step: Step, rng: random.Random,
     elif step.kind == "state":
         victims = [rng.choice(sorted(n for n, m in cluster.members.items()
                                      if m.role == "stateserver"))]
+    elif step.kind == "tracker":
+        table = await sender.client.routing_table()
+        live = sorted(m.node_id for m in table.members
+                      if m.role == scheduler_pb2.MEMBER_ROLE_WORKER and m.state != DEAD)
+        hosts = sorted(set(tracker_hosts(max(1, table.tracker_count), live)) - {""})
+        victims = [rng.choice(hosts)]
     else:
         # Faults land on running workers (one killed a moment ago may still be
         # restarting); the victims are drawn from those.

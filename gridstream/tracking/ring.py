@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 import xxhash
 
+from gridstream.ring import HashRing
 from gridstream.tracking.table import U64, Mask, as_u64
 
 Index = npt.NDArray[np.int64]
@@ -29,6 +30,13 @@ Index = npt.NDArray[np.int64]
 def position(tracker_id: str, i: int) -> int:
     """The ring point of a tracker's i-th virtual position (1-based)."""
     return int(xxhash.xxh32_intdigest(f"{tracker_id}#{i}".encode(), seed=0))
+
+
+def tracker_hosts(count: int, workers: Sequence[str], virtual_nodes: int = 100) -> tuple[str, ...]:
+    """The worker hosting each of ``count`` trackers: tracker k goes to the
+    owner of the key "tracker/<k>" on the worker ring ("" with no workers)."""
+    ring = HashRing(list(workers), virtual_nodes)
+    return tuple(ring.owner(f"tracker/{k}") if workers else "" for k in range(count))
 
 
 def ring_point(root_ids: npt.ArrayLike) -> npt.NDArray[np.uint32]:

@@ -28,7 +28,8 @@ class RoutingTables:
         for record in membership.members.values():
             table.members.append(scheduler_pb2.Member(
                 node_id=record.node_id, role=record.role,  # type: ignore[arg-type]
-                address=record.address, state=record.state))  # type: ignore[arg-type]
+                address=record.address, state=record.state,  # type: ignore[arg-type]
+                incarnation=record.incarnation))
         for job in jobs:
             owners = assign_partitions(ring, job.job_id, job.spec.partitions) if workers else []
             table.jobs.append(scheduler_pb2.JobRouting(

@@ -253,7 +253,8 @@ class WorkerNode:
         them: only the roots whose tracker or host changed."""
         new = TrackerLayout.from_routing(self.routing)
         old, self._layout = self._layout, new
-        if old is None or (old.count == new.count and old.hosts == new.hosts):
+        if old is None or (old.count == new.count and old.hosts == new.hosts
+                           and old.host_incarnations == new.host_incarnations):
             return
         for runtime in self.jobs.values():
             for runner in runtime.runners.values():
@@ -264,7 +265,9 @@ class WorkerNode:
                 before, after = old.trackers_of(roots), new.trackers_of(roots)
                 moved = (before != after) | (
                     np.asarray(old.hosts, dtype=object)[before]
-                    != np.asarray(new.hosts, dtype=object)[after])
+                    != np.asarray(new.hosts, dtype=object)[after]) | (
+                    np.asarray(old.host_incarnations, dtype=object)[before]
+                    != np.asarray(new.host_incarnations, dtype=object)[after])
                 if moved.any():
                     runner.request_rebuild({int(r) for r in roots[moved]})
 

@@ -29,7 +29,7 @@ import functools
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 import numpy as np
@@ -38,9 +38,9 @@ import numpy.typing as npt
 from gridstream import rpc
 from gridstream.errors import StaleEpoch
 from gridstream.retry import Backoff
-from gridstream.ring import HashRing
 from gridstream.routing import RoutingView
 from gridstream.tracking import TrackerRing, TrackingTable
+from gridstream.tracking.ring import tracker_hosts
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,9 @@ class TrackerLayout:
     count: int
     ring: TrackerRing
     hosts: tuple[str, ...]
+    host_incarnations: tuple[str, ...] = ()
+    """The incarnation of each host: a host that restarted (even faster than
+    the detector) has lost its tables, which is a move like any other."""
 
     @classmethod
     def from_routing(cls, routing: RoutingView) -> TrackerLayout:
@@ -80,7 +83,9 @@ class TrackerLayout:
         table = routing.table
         count = max(1, table.tracker_count or 1)
         positions = max(1, table.tracker_virtual_positions or 64)
-        return _layout(count, positions, tuple(routing.workers))
+        layout = _layout(count, positions, tuple(routing.workers))
+        incarnations = tuple(routing.incarnations.get(h, "") for h in layout.hosts)
+        return replace(layout, host_incarnations=incarnations)
 
     def trackers_of(self, roots: U64) -> npt.NDArray[np.int64]:
         """Tracker index of each root."""
@@ -90,9 +95,7 @@ class TrackerLayout:
 @functools.lru_cache(maxsize=16)
 def _layout(count: int, positions: int, workers: tuple[str, ...]) -> TrackerLayout:
     ring = TrackerRing([f"tracker-{k}" for k in range(count)], positions)
-    worker_ring = HashRing(workers, 100)
-    hosts = tuple(worker_ring.owner(f"tracker/{k}") if workers else "" for k in range(count))
-    return TrackerLayout(count, ring, hosts)
+    return TrackerLayout(count, ring, tracker_hosts(count, workers))
 
 
 @dataclass

@@ -99,6 +99,20 @@ async def test_a_worker_cut_off_from_the_scheduler_but_not_its_peers(tmp_path: P
     assert run.faults[0].detected_s is not None, run.table()  # the cut was past detection
 
 
+async def test_a_tracker_host_that_restarts_before_detection(tmp_path: Path) -> None:
+    # A slow detector (1 s heartbeats) lets the killed tracker host come back
+    # under its own name before it is convicted: its tracking tables are gone
+    # although the tracker layout names the same node. The sources must see
+    # the new incarnation and have the roots rebuilt at once; waiting for a
+    # root timeout (60 s here) would miss the drain bound.
+    slow = config()
+    slow = replace(slow, cluster=replace(slow.cluster, heartbeat_interval_s=1.0))
+    run = await run_history([Step("tracker", 3.0)], tmp_path, records=20_000, stream_s=8.0,
+                            config=slow, seed=7, tracking_timeout_s=60.0, drain_timeout_s=30.0)
+    assert_exact(run)
+    assert run.faults[0].detected_s is not None
+
+
 async def test_a_kill_every_four_seconds_for_a_minute(tmp_path: Path) -> None:
     # Fifteen kills, one every four seconds, each landing while the previous
     # victim may still be restarting or handing its partitions back. Short
