@@ -16,7 +16,9 @@ Two kinds of callers:
 
 The standard health and reflection services are open, so supervisors and
 probes keep working. A request whose bytes are not a valid message is answered
-INVALID_ARGUMENT with a rate-limited warning in the log, never a traceback.
+INVALID_ARGUMENT with a rate-limited warning in the log, never a traceback;
+one that decodes is checked field by field (ids, finite and bounded numbers)
+before any servicer runs, whoever sent it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
+from gridstream.errors import InvalidArgument
+from gridstream.validation import check_request
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,8 @@ _NEEDS: dict[str, str] = {
     "/gridstream.v1.StateServer/ReadDeadLetters": "read",
 }
 _OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+_CHECKED_PREFIX = "/gridstream.v1."
+"""Requests of gridstream's own services are checked field by field."""
 
 caller_is_member: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "caller_is_member", default=False)
@@ -256,9 +263,12 @@ def _guarded(handler: grpc.RpcMethodHandler, method: str,
              member: bool) -> grpc.RpcMethodHandler:
     """The handler with a deserializer that cannot raise and a behaviour that
     answers INVALID_ARGUMENT for a request (or a streamed request message)
-    that did not decode, and that runs the servicer with
-    :data:`caller_is_member` set."""
+    that did not decode or whose fields break
+    :func:`gridstream.validation.check_request` (ids, bounded and finite
+    numbers: for members' calls too, so no servicer can forget a field), and
+    that runs the servicer with :data:`caller_is_member` set."""
     decode = handler.request_deserializer
+    checked_fields = method.startswith(_CHECKED_PREFIX)
 
     def safe_decode(data: bytes) -> Any:
         if decode is None:
@@ -277,6 +287,11 @@ def _guarded(handler: grpc.RpcMethodHandler, method: str,
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"the request is not a valid {method.rsplit('/', 1)[-1]} message "
                 f"({request.size} bytes); nothing was done")
+        if checked_fields:
+            try:
+                check_request(request)
+            except InvalidArgument as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     async def finish(result: Any, context: grpc.aio.ServicerContext) -> Any:
         if inspect.isasyncgen(result):

@@ -66,6 +66,8 @@ DELIVERY_MODES: dict[str, int] = {
 DELIVERY_NAMES = {v: k for k, v in DELIVERY_MODES.items()}
 
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+MAX_IMPORT_PATH_CHARS = 256
+"""Longest ``package.module:function`` a stage may name."""
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MAX_PARTITIONS = 4096
 MAX_STAGES = 64
@@ -103,8 +105,13 @@ def module_allowed(module: str, allowed: tuple[str, ...]) -> bool:
 
 def check_allowed_path(path: str, where: str, allowed: tuple[str, ...] | None = None) -> None:
     """Refuses (PERMISSION_DENIED) an import path outside the allowed modules,
-    or naming a dunder attribute, without importing anything."""
+    or naming a dunder attribute, without importing anything; one that is not
+    an import path at all is INVALID_ARGUMENT."""
     allowed = _allowed_modules if allowed is None else allowed
+    if len(path) > MAX_IMPORT_PATH_CHARS or not _IMPORT_PATH.match(path):
+        raise InvalidArgument(f"{where}: {short(path)} is not an import path "
+                              f"'package.module:function' of at most {MAX_IMPORT_PATH_CHARS} "
+                              "characters")
     module_name, _, attr = path.partition(":")
     if not module_allowed(module_name, allowed):
         raise PermissionDenied(
@@ -234,8 +241,8 @@ def _require(ok: bool, message: str) -> None:
 def validate(job: JobSpec) -> None:
     """Checks a job's shape without importing anything; raises InvalidArgument
     with a message that names the stage and what to fix."""
-    _require(bool(_NAME.match(job.name)), f"job name {job.name!r} must be 1-64 characters of "
-             "letters, digits, '_', '.', '-'")
+    _require(bool(_NAME.match(job.name)), f"job name {short(job.name)} must be 1-64 "
+             "characters of letters, digits, '_', '.', '-'")
     _require(0 <= job.partitions <= MAX_PARTITIONS,
              f"job {job.name}: partitions must be between 1 and {MAX_PARTITIONS}")
     _require(0 <= job.window_size <= MAX_WINDOW_SIZE,
@@ -251,7 +258,7 @@ def validate(job: JobSpec) -> None:
     _require(len(job.stages) >= 1, f"job {job.name}: needs at least one stage (a sink)")
     seen: set[str] = set()
     for i, stage in enumerate(job.stages):
-        where = f"job {job.name}, stage {i} ({stage.name or 'unnamed'})"
+        where = f"job {job.name}, stage {i} ({short(stage.name) if stage.name else 'unnamed'})"
         _require(bool(_NAME.match(stage.name)), f"{where}: name must be 1-64 characters of "
                  "letters, digits, '_', '.', '-'")
         _require(stage.name not in seen, f"{where}: duplicate stage name")
@@ -268,11 +275,13 @@ def validate(job: JobSpec) -> None:
                      f"{where}: a sink takes no function or key")
             continue
         _require(not last, f"{where}: the last stage must be a sink (kind = \"sink\")")
-        _require(bool(_IMPORT_PATH.match(stage.function)),
+        _require(len(stage.function) <= MAX_IMPORT_PATH_CHARS
+                 and bool(_IMPORT_PATH.match(stage.function)),
                  f"{where}: function {short(stage.function)} must be an import path "
-                 "'package.module:function'")
+                 f"'package.module:function' of at most {MAX_IMPORT_PATH_CHARS} characters")
         if stage.keyed:
-            _require(bool(_IMPORT_PATH.match(stage.key)),
+            _require(len(stage.key) <= MAX_IMPORT_PATH_CHARS
+                     and bool(_IMPORT_PATH.match(stage.key)),
                      f"{where}: a {stage.kind} stage needs key = 'package.module:function'")
         else:
             _require(not stage.key, f"{where}: only reduce and stateful stages take a key")

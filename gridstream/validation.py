@@ -152,3 +152,93 @@ def json_nesting_depth(text: str, limit: int = MAX_NESTING) -> int:
         elif char in "]}":
             depth -= 1
     return deepest
+
+
+# -- every request, field by field -------------------------------------------------
+
+MAX_WIRE_INTEGER = 2**63 - 1
+"""Largest integer any request field may carry: epochs, sequences, offsets,
+windows and versions are stored as SQLite's signed 64-bit integers and
+compared with Python's unbounded ones, so a larger value is never legitimate."""
+
+ID_FIELDS = frozenset({"job_id", "job_ids", "node_id", "incarnation", "primary", "sender"})
+"""Request fields holding plain ids (:func:`check_id`)."""
+
+PATH_ID_FIELDS = frozenset({"operator_id", "channel", "reporter"})
+"""Request fields holding slash-separated ids (:func:`check_path_id`)."""
+
+CHANNEL_KEYED_MAPS = frozenset({"sequences"})
+"""Map fields whose keys are channels."""
+
+HASH_FIELDS = frozenset({"root"})
+"""Integer fields holding 64-bit hashes (tuple ids), which use the full
+unsigned range; every other integer is at most :data:`MAX_WIRE_INTEGER`."""
+
+MAX_CHECKSUM_CHARS = 64
+"""Longest checksum a request may carry (gridstream's are 16 hex digits)."""
+
+_HEX = re.compile(r"^[0-9a-f]+$")
+
+
+def check_request(message: Any, where: str = "") -> None:
+    """Checks every field a request message sets, at any depth, before a
+    servicer sees it: ids (by field name) are ids, integers at most
+    :data:`MAX_WIRE_INTEGER`, floating-point numbers finite, checksums short
+    hex. The RPC layer calls it for every request of every gridstream
+    service, members' included, so no servicer can forget a field; servicers
+    still check what only they know (a task or partition a job has).
+    Raises :class:`InvalidArgument` naming the field."""
+    for field, value in message.ListFields():
+        name = f"{where}{field.name}"
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            _check_map(field, value, name)
+        elif _is_repeated(field):
+            for index, item in enumerate(value):
+                _check_value(field, item, f"{name}[{index}]")
+        else:
+            _check_value(field, value, name)
+
+
+def _is_repeated(field: Any) -> bool:
+    repeated = getattr(field, "is_repeated", None)
+    if repeated is not None:
+        return bool(repeated)
+    return bool(field.label == field.LABEL_REPEATED)
+
+
+def _check_map(field: Any, value: Any, name: str) -> None:
+    value_field = field.message_type.fields_by_name["value"]
+    for key, item in value.items():
+        if field.name in CHANNEL_KEYED_MAPS:
+            check_path_id(key, f"{name} key")
+        _check_value(value_field, item, f"{name}[{short(str(key))}]")
+
+
+def _check_value(field: Any, value: Any, name: str) -> None:
+    if field.message_type is not None:
+        check_request(value, f"{name}.")
+    elif isinstance(value, bool):
+        return
+    elif isinstance(value, int):
+        if field.name not in HASH_FIELDS and not -MAX_WIRE_INTEGER - 1 <= value <= MAX_WIRE_INTEGER:
+            raise InvalidArgument(f"{name} is {value}, above 2**63-1; no gridstream number "
+                                  "is that large (nothing was done)")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidArgument(f"{name} is {value!r}; numbers must be finite "
+                                  "(nothing was done)")
+    elif isinstance(value, str):
+        _check_text(field.name, value, name)
+
+
+def _check_text(field_name: str, value: str, name: str) -> None:
+    if field_name in ID_FIELDS:
+        check_id(value, name, required=False)
+    elif field_name in PATH_ID_FIELDS:
+        check_path_id(value, name, required=False)
+    elif field_name == "address":
+        check_address(value, name)
+    elif field_name == "checksum" and (len(value) > MAX_CHECKSUM_CHARS
+                                       or not _HEX.match(value)):
+        raise InvalidArgument(f"{name} {short(value)} is not a checksum (at most "
+                              f"{MAX_CHECKSUM_CHARS} lowercase hex digits; nothing was done)")

@@ -63,6 +63,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.node = node
         self.max_batch_bytes = max_batch_bytes
 
+    def _check_container(self, job_id: str, task: int, partition: int) -> None:
+        """Refuses a task or partition the job (when deployed here) does not
+        have, so no copy or fence is ever kept for a container that cannot exist."""
+        runtime = self.node.jobs.get(job_id)
+        if runtime is not None and (task >= len(runtime.tasks)
+                                    or partition >= runtime.spec.partitions):
+            raise InvalidArgument(
+                f"job {job_id} has {len(runtime.tasks)} tasks and {runtime.spec.partitions} "
+                f"partitions, not task {task} partition {partition} (nothing was done)")
+
     @servicer_method
     async def Push(
         self, request: worker_pb2.PushRequest, context: grpc.aio.ServicerContext
@@ -170,6 +180,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise InvalidArgument("job_id and primary must be set")
         check_id(request.job_id, "job_id")
         check_id(request.primary, "primary")
+        self._check_container(request.job_id, request.task, request.partition)
         return worker_pb2.ReplicateResponse(next_offset=self.node.backups.replicate(request))
 
     @servicer_method
@@ -178,6 +189,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> None:
         """Streams a container's committed log to its new owner."""
         check_id(request.job_id, "job_id")
+        self._check_container(request.job_id, request.task, request.partition)
         try:
             chunks = await self.node.fetch_container(
                 (request.job_id, request.task, request.partition), request.epoch
