@@ -1,0 +1,85 @@
+"""gridstream's side of the peer comparison: a fresh local cluster (1 scheduler,
+3 workers, 2 state servers, each its own process) runs one workload from the
+data file in one delivery mode.
+
+The cluster is started before the timed window and stopped after it, so a
+run's CPU and peak memory belong to that run alone and an idle cluster never
+competes with the other systems' runs. The window covers what a user waits
+for: reading the file, submitting the job (its stages name the same user
+functions every system runs), sending every record, draining, reading the
+results table and writing the result file. The CPU counted is this client
+process's plus every member's (``/proc/<pid>/stat``).
+
+taxi records are sent keyed by their device (``common.device_key_of``, a slice
+rather than a JSON parse) so each device's positions stay in order, as the
+demo does; wordcount lines are spread over the partitions unkeyed.
+
+Run by gridstream's own interpreter (``.venv``):
+
+    .venv/bin/python bench/peers/gridstream_run.py --workload taxi --delivery exactly_once \
+        --input taxi.jsonl --output result.json --stats stats.json --run-dir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from common import REPO_ROOT, arguments, device_key_of, measured, read_lines, write_result
+
+sys.path.insert(0, str(REPO_ROOT))
+
+from gridstream.client import Client
+from gridstream.config import Config
+from gridstream.examples import taxi, wordcount
+from gridstream.local import LocalCluster
+
+BATCH_SIZE = 5_000
+"""Records per client batch, as ``gridstream demo`` and ``bench/throughput.py`` send."""
+
+
+def _extra(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workload", choices=("wordcount", "taxi"), required=True)
+    parser.add_argument("--delivery", default="exactly_once",
+                        choices=("exactly_once", "at_least_once", "at_most_once"))
+    parser.add_argument("--run-dir", type=Path, required=True,
+                        help="directory for the cluster's data and logs")
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--state-servers", type=int, default=2)
+
+
+async def run(args: argparse.Namespace) -> None:
+    """Starts the cluster, runs the workload in the timed window, stops it."""
+    async with LocalCluster(args.run_dir, Config(), workers=args.workers,
+                            state_servers=args.state_servers) as cluster:
+        pids = [member.pid for member in cluster.members.values()]
+        with measured(args.stats, lambda: pids) as stats:
+            values = list(read_lines(args.input))
+            if args.workload == "taxi":
+                spec = taxi.job()
+                keys: list[str] | None = [device_key_of(text) for text in values]
+            else:
+                spec = wordcount.job()
+                keys = None
+            spec = replace(spec, delivery=args.delivery)
+            async with Client(cluster.scheduler_address, batch_size=BATCH_SIZE,
+                              security=cluster.config.security) as client:
+                job_id = await client.submit(spec)
+                await client.send(job_id, values, keys)
+                await client.drain(job_id)
+                result = await client.results(job_id)
+            write_result(args.output, result)
+            stats.notes = {"delivery": args.delivery, "workers": args.workers,
+                           "state_servers": args.state_servers, "job": job_id}
+
+
+def main() -> None:
+    """Parses the command line and runs."""
+    asyncio.run(run(arguments((__doc__ or "").split("\n\n")[0], _extra)))
+
+
+if __name__ == "__main__":
+    main()
