@@ -68,6 +68,14 @@ class ClusterConfig:
     """Seconds after which a root whose tuple tree is incomplete is declared
     failed and its lost batches are processed again (jobs may override)."""
 
+    task_restarts_before_move: int = 3
+    """A task restarted this many times after errors on one worker is
+    reported in that worker's heartbeats, and the scheduler moves its
+    partition to another worker (where the task starts again from its
+    snapshot and log). The worker is avoided for that partition until it
+    restarts. Raise it for tasks with transient errors; a task that fails on
+    every worker keeps its last owner and is named in the job's progress."""
+
     tracking_flush_s: float = 0.5
     """A task that has processed batches whose tracking reports wait for a
     durable window closes its window after at most this long, even before W
@@ -271,6 +279,8 @@ class Config:
             ("worker.max_record_attempts", self.worker.max_record_attempts >= 1, "must be >= 1"),
             ("stateserver.keep_windows", self.stateserver.keep_windows >= 1, "must be >= 1"),
             ("cluster.tracker_count", 1 <= self.cluster.tracker_count <= 4096, "must be 1..4096"),
+            ("cluster.task_restarts_before_move",
+             1 <= self.cluster.task_restarts_before_move <= 1_000_000, "must be 1..1000000"),
             ("cluster.tracker_virtual_positions", self.cluster.tracker_virtual_positions >= 1,
              "must be >= 1"),
             ("cluster.tracking_timeout_s", self.cluster.tracking_timeout_s > 0, "must be > 0"),

@@ -22,6 +22,10 @@ checker must catch (lost records after a kill). Never set it outside tests.
 tracking report on the way (it believes it was delivered): the root's tracker
 must time it out and rebuild it, and nothing may be processed twice.
 
+``GRIDSTREAM_FAULT_TASK_FAIL=<node>`` makes every task on that worker raise
+when it processes a batch (a worker on which tasks cannot run): the tasks are
+restarted, then their partitions must move to other workers.
+
 The environment is read once, when the process starts (:data:`FAULTS`), never
 on the per-batch path.
 """
@@ -45,6 +49,7 @@ class FaultPlan:
     write_delay_s: float = 0.0
     drop_report_node: str = ""
     drop_report_nth: int = 0
+    fail_tasks_node: str = ""
 
     @classmethod
     def from_environment(cls) -> FaultPlan:
@@ -72,7 +77,7 @@ class FaultPlan:
                 drop_node, drop_nth = "", 0
         return cls(node, point, nth,
                    os.environ.get("GRIDSTREAM_FAULT_ACK_BEFORE_REPLICATE", "") == "1", delay,
-                   drop_node, drop_nth)
+                   drop_node, drop_nth, os.environ.get("GRIDSTREAM_FAULT_TASK_FAIL", ""))
 
 
 FAULTS = FaultPlan.from_environment()
@@ -101,6 +106,11 @@ def crash_point(node_id: str, point: str) -> None:
 def write_delay_s() -> float:
     """Seconds a state server waits before each write (0 unless set)."""
     return FAULTS.write_delay_s
+
+
+def tasks_fail(node_id: str) -> bool:
+    """True when this worker's tasks must fail at every batch (see the module doc)."""
+    return FAULTS.fail_tasks_node == node_id
 
 
 _reports: dict[str, int] = {}

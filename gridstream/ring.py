@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from gridstream.ids import stable_hash64
 
@@ -68,10 +68,13 @@ class HashRing:
 
 
 def assign_partitions(
-    ring: HashRing, job_id: str, partitions: int, slack: float = 0.0
+    ring: HashRing, job_id: str, partitions: int, slack: float = 0.0,
+    avoid: Mapping[int, Collection[str]] | None = None,
 ) -> list[str]:
     """Owner of each partition of a job, with bounded loads.
 
+    ``avoid`` names, per partition, workers its task kept failing on: they are
+    passed over for that partition while any other worker is live.
     Deterministic: every process that builds the same ring computes the same
     assignment.
     """
@@ -81,11 +84,10 @@ def assign_partitions(
     load = dict.fromkeys(ring.members, 0)
     owners: list[str] = []
     for p in range(partitions):
-        for member in ring.walk(f"{job_id}/{p}"):
-            if load[member] < capacity:
-                break
-        else:  # pragma: no cover - capacity * members >= partitions always
-            member = ring.owner(f"{job_id}/{p}")
+        walk = list(ring.walk(f"{job_id}/{p}"))
+        avoided = avoid.get(p, ()) if avoid else ()
+        allowed = [m for m in walk if m not in avoided] or walk
+        member = next((m for m in allowed if load[m] < capacity), allowed[0])
         load[member] += 1
         owners.append(member)
     return owners

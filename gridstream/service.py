@@ -147,7 +147,7 @@ class MemberAgent:
         address: str,
         on_epoch: Callable[[int], Coroutine[Any, Any, None]] | None = None,
         on_fence: Callable[[], Coroutine[Any, Any, None]] | None = None,
-        heartbeat_fields: Callable[[], dict[str, int]] | None = None,
+        heartbeat_fields: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.scheduler_address = scheduler_address
         self._heartbeat_fields = heartbeat_fields

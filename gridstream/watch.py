@@ -33,6 +33,8 @@ def job_warnings(job_id: str, progress: scheduler_pb2.JobProgress) -> list[str]:
     what holds a drain. Plain logic over one progress report (unit-tested)."""
     warnings = [f"{job_id}: DATA LOSS {loss} — more simultaneous failures than "
                 "cluster.backup_count; results are incomplete" for loss in progress.losses]
+    warnings += [f"{moved} — the task could not run there; see that worker's log"
+                 for moved in progress.moved]
     failed = sum(t.roots_failed for t in progress.tasks)
     pending = sum(t.roots_pending for t in progress.tasks)
     if failed:

@@ -3,6 +3,8 @@ partition on the ring of live workers. Rebuilt once per epoch."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+
 from gridstream.ring import HashRing, assign_partitions
 from gridstream.v1 import scheduler_pb2
 from services.scheduler.jobs import JobRecord
@@ -16,10 +18,13 @@ class RoutingTables:
         self.virtual_nodes = virtual_nodes
         self._cached: tuple[int, int, scheduler_pb2.RoutingTable] | None = None
 
-    def build(self, membership: Membership, jobs: list[JobRecord],
-              version: int) -> scheduler_pb2.RoutingTable:
+    def build(self, membership: Membership, jobs: list[JobRecord], version: int,
+              avoid: Mapping[str, Mapping[int, Collection[str]]] | None = None,
+              ) -> scheduler_pb2.RoutingTable:
         """The table at the current epoch. Jobs appear with empty owners when no
-        worker is alive. ``version`` changes when the job list changes."""
+        worker is alive. ``version`` changes when the job list changes;
+        ``avoid`` (job -> partition -> workers its task kept failing on) only
+        changes with a new epoch."""
         if self._cached and self._cached[:2] == (membership.epoch, version):
             return self._cached[2]
         workers = [m.node_id for m in membership.live(scheduler_pb2.MEMBER_ROLE_WORKER)]
@@ -31,7 +36,9 @@ class RoutingTables:
                 address=record.address, state=record.state,  # type: ignore[arg-type]
                 incarnation=record.incarnation))
         for job in jobs:
-            owners = assign_partitions(ring, job.job_id, job.spec.partitions) if workers else []
+            owners = (assign_partitions(ring, job.job_id, job.spec.partitions,
+                                        avoid=(avoid or {}).get(job.job_id))
+                      if workers else [])
             table.jobs.append(scheduler_pb2.JobRouting(
                 job_id=job.job_id, partitions=job.spec.partitions, owners=owners,
                 spec=job.spec.to_proto()))

@@ -7,6 +7,7 @@ import asyncio
 import collections
 import logging
 import time
+from collections.abc import Iterable
 
 import grpc
 
@@ -54,6 +55,10 @@ class SchedulerCore:
         self.tables = RoutingTables(config.cluster.virtual_nodes)
         self.events: collections.deque[scheduler_pb2.MemberEvent] = collections.deque(maxlen=50)
         self.losses: dict[str, set[str]] = {}
+        self.avoid: dict[str, dict[int, set[str]]] = {}
+        """job -> partition -> workers its task kept failing on (until they restart)."""
+        self.moved: dict[str, list[str]] = {}
+        """job -> one line per partition moved off a worker where its task kept failing."""
         """job -> data-loss lines its tasks reported (since this scheduler started)."""
         self._channels = rpc.ChannelPool()
         self._jobs_version = 0
@@ -105,6 +110,8 @@ class SchedulerCore:
             self.record(request.node_id, old_state, scheduler_pb2.MEMBER_STATE_DEAD,
                         old.phi, "restarted")
             old_state = scheduler_pb2.MEMBER_STATE_DEAD
+        if old is not None and old.incarnation != request.incarnation:
+            self.forgive(request.node_id)
         if self.membership.register(request.node_id, request.role, request.address,
                                     request.incarnation, time.monotonic()):
             self.record(request.node_id, old_state, scheduler_pb2.MEMBER_STATE_ALIVE, 0.0,
@@ -115,6 +122,37 @@ class SchedulerCore:
                                             request.incarnation)
             await self.persist_epoch()
         return self.membership.epoch
+
+    async def failing_tasks(self, node_id: str,
+                            failing: Iterable[scheduler_pb2.FailingTask]) -> None:
+        """Moves the partitions whose task keeps failing on ``node_id`` to
+        other workers (a new epoch): the one place where that is decided."""
+        moved = False
+        for task in failing:
+            if task.job_id not in self.registry.jobs:
+                continue
+            avoided = self.avoid.setdefault(task.job_id, {}).setdefault(task.partition, set())
+            if node_id in avoided:
+                continue
+            avoided.add(node_id)
+            error = task.error[:300] or "no error text"
+            line = (f"{task.job_id}/t{task.task}/p{task.partition}: moved off {node_id} after "
+                    f"{task.restarts} restarts ({error})")
+            self.moved.setdefault(task.job_id, []).append(line)
+            log.error("job %s: task %d of partition %d keeps failing on %s (%d restarts: %s); "
+                      "moving the partition to another worker", task.job_id, task.task,
+                      task.partition, node_id, task.restarts, error)
+            moved = True
+        if moved:
+            self.membership.bump(f"partitions moved off {node_id} (failing tasks)")
+            await self.persist_epoch()
+
+    def forgive(self, node_id: str) -> None:
+        """A restarted worker may run the tasks it failed before: it is no
+        longer avoided (the next epoch, which its registration starts, shows it)."""
+        for partitions in self.avoid.values():
+            for avoided in partitions.values():
+                avoided.discard(node_id)
 
     async def retire(self, node_id: str) -> int:
         """Starts retiring a state server; the epoch at which it stops taking writes."""
@@ -199,7 +237,8 @@ class SchedulerCore:
 
     def table(self) -> scheduler_pb2.RoutingTable:
         """The routing table of the current epoch."""
-        table = self.tables.build(self.membership, self.registry.running(), self._jobs_version)
+        table = self.tables.build(self.membership, self.registry.running(), self._jobs_version,
+                                  self.avoid)
         table.state_replicas = self.config.cluster.replica_count
         table.state_write_quorum = self.config.cluster.write_quorum
         table.tracker_count = self.tracker_count
@@ -340,7 +379,7 @@ class SchedulerCore:
                     log.error("job %s: DATA LOSS %s", job_id, loss)
         return scheduler_pb2.JobProgress(job_id=job_id, tasks=tasks, drained=verdict.drained,
                                          epoch=epoch, holding=verdict.reason,
-                                         losses=sorted(known))
+                                         losses=sorted(known), moved=self.moved.get(job_id, []))
 
     def status(self) -> scheduler_pb2.ClusterStatus:
         """Members with their shares and phi, jobs and recent events."""
@@ -394,6 +433,8 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if known and record is not None:
             record.snapshots = request.snapshots
             record.snapshot_bytes = request.snapshot_bytes
+            if request.failing:
+                await self.core.failing_tasks(request.node_id, request.failing)
         return scheduler_pb2.HeartbeatResponse(epoch=self.core.membership.epoch,
                                                reregister=not known)
 

@@ -79,7 +79,7 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
             address = f"{config.worker.advertise_host or config.worker.host}:{port}"
             agent = MemberAgent(config.scheduler_address, node_id,
                                 scheduler_pb2.MEMBER_ROLE_WORKER, address, node.on_epoch,
-                                node.fence)
+                                node.fence, heartbeat_fields=node.heartbeat_fields)
             agent_task = group.create_task(agent.run(), name="heartbeats")
             trackers_task = group.create_task(node.trackers.run(), name="trackers")
             metrics_address = metrics.start(config.worker.metrics_host,

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import numpy as np
@@ -33,7 +34,7 @@ from gridstream.metrics import (
 )
 from gridstream.retry import Backoff, RetryExhausted
 from gridstream.routing import RoutingView
-from gridstream.v1 import common_pb2, worker_pb2, worker_pb2_grpc
+from gridstream.v1 import common_pb2, scheduler_pb2, worker_pb2, worker_pb2_grpc
 from services.worker.metrics import node_metrics
 from services.worker.peers import Channels, OutSegment, PeerRouter, StateClient
 from services.worker.queues import Entry, JobContainer, OwnerFenced
@@ -568,6 +569,19 @@ class WorkerNode:
             if best is None or (candidate[0] + len(candidate[2])) > (best[0] + len(best[2])):
                 best = candidate
         return best
+
+    def heartbeat_fields(self) -> dict[str, Any]:
+        """What heartbeats carry besides liveness: the tasks that keep failing
+        here, so the scheduler moves their partitions elsewhere."""
+        limit = self.config.cluster.task_restarts_before_move
+        failing = [
+            scheduler_pb2.FailingTask(job_id=runner.job_id, partition=runner.partition,
+                                      task=runner.task_index, restarts=runner.restarts,
+                                      error=runner.last_error[:300])
+            for runtime in self.jobs.values() for runner in runtime.runners.values()
+            if runner.restarts >= limit
+        ]
+        return {"failing": failing} if failing else {}
 
     def progress(self, job_id: str) -> list[common_pb2.TaskProgress]:
         """Counters of the job's tasks hosted here."""

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from gridstream import codec
 from gridstream.errors import GridstreamError
-from gridstream.faults import FAULTS, crash_point, drop_report
+from gridstream.faults import FAULTS, crash_point, drop_report, tasks_fail
 from gridstream.ids import (
     batch_identity,
     container_id,
@@ -149,6 +149,7 @@ class TaskRunner:
         self.recovery_seconds = 0.0
         self.restarts = 0
         """Times this task's loop failed on this worker before this runner."""
+        self._tasks_fail = tasks_fail(node_id)
         self.last_error = ""
         self.epoch = 0
         self.tracking: TaskTracking | None = None
@@ -245,6 +246,8 @@ class TaskRunner:
                 if self.window.batches:
                     self._close_window()
                 continue
+            if self._tasks_fail:
+                raise RuntimeError(f"fault injection: tasks cannot run on {self.node_id}")
             batch_id = batch_identity(self.task_index, self.partition, entry.channel,
                                       entry.sequence)
             self.invocations += entry.count

@@ -61,3 +61,17 @@ def test_walk_lists_distinct_successors() -> None:
 def test_empty_ring_refuses() -> None:
     with pytest.raises(LookupError):
         assign_partitions(HashRing([], 100), "job", 4)
+
+
+def test_a_partition_avoids_the_workers_its_task_failed_on() -> None:
+    ring = HashRing(workers(3), 100)
+    before = assign_partitions(ring, "job-a", 12)
+    victim = before[5]
+    after = assign_partitions(ring, "job-a", 12, avoid={5: {victim}})
+    assert after[5] != victim
+    # Others keep their owners, but for the few the load bound pushes along
+    # (the new owner of partition 5 has one partition more).
+    assert sum(a != b for a, b in zip(after, before, strict=True)) <= 3
+    # Avoided everywhere: it keeps an owner rather than having none.
+    everywhere = assign_partitions(ring, "job-a", 12, avoid={5: set(workers(3))})
+    assert everywhere == before

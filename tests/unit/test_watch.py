@@ -8,7 +8,8 @@ from gridstream.watch import job_warnings
 
 def progress(**fields: object) -> scheduler_pb2.JobProgress:
     """One job's progress with a single task carrying ``fields``."""
-    job_fields = {k: fields.pop(k) for k in ("losses", "holding", "drained") if k in fields}
+    job_fields = {k: fields.pop(k) for k in ("losses", "holding", "drained", "moved")
+                  if k in fields}
     return scheduler_pb2.JobProgress(
         job_id="j", tasks=[common_pb2.TaskProgress(task=0, partition=3, node_id="worker-2",
                                                     **fields)],  # type: ignore[arg-type]
@@ -36,3 +37,9 @@ def test_a_restarted_task_names_its_error() -> None:
     warnings = job_warnings("j", progress(restarts=3, last_error="RecursionError: deep"))
     assert warnings == ["j task 0 partition 3 on worker-2: restarted 3 times from its snapshot "
                         "(last error: RecursionError: deep); see that worker's log"]
+
+
+def test_a_partition_moved_off_a_failing_worker_is_named() -> None:
+    line = "j/t0/p3: moved off worker-2 after 3 restarts (OSError: disk full)"
+    warnings = job_warnings("j", progress(moved=[line], drained=True))
+    assert warnings == [f"{line} — the task could not run there; see that worker's log"]
