@@ -49,3 +49,20 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) gridstream/v1/*_pb2*.py gridstream/v1/*_pb2*.pyi $(GEN)
+
+# gridstream against Bytewax, Pathway and plain Python (bench/peers; not part of
+# `make test`). Each peer gets a virtual environment of its own, outside the
+# repository like the output; `make bench-peers BENCH_PEERS_ARGS="--rounds 5"`.
+.PHONY: bench-peers
+BENCH_PEERS_DIR  ?= $(HOME)/.cache/gridstream-bench
+BENCH_PEERS_ARGS ?=
+
+bench-peers: setup $(BENCH_PEERS_DIR)/venvs/bytewax/.installed-stamp $(BENCH_PEERS_DIR)/venvs/pathway/.installed-stamp
+	$(PY) bench/peers --venvs $(BENCH_PEERS_DIR)/venvs --out $(BENCH_PEERS_DIR)/out $(BENCH_PEERS_ARGS)
+
+$(BENCH_PEERS_DIR)/venvs/%/.installed-stamp: bench/peers/requirements-%.txt
+	rm -rf $(BENCH_PEERS_DIR)/venvs/$*
+	python3 -m venv $(BENCH_PEERS_DIR)/venvs/$*
+	$(BENCH_PEERS_DIR)/venvs/$*/bin/pip install -q --upgrade pip
+	$(BENCH_PEERS_DIR)/venvs/$*/bin/pip install -q -r $<
+	touch $@

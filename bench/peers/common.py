@@ -140,8 +140,9 @@ def own_cpu_seconds() -> float:
 
 
 def own_peak_rss() -> int:
-    """Peak RSS of this process in bytes (``ru_maxrss`` is in KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """Peak RSS of this process in bytes: its VmHWM, not ``ru_maxrss``, which
+    Linux carries over an exec and so includes the parent's size at the fork."""
+    return process_peak_rss(os.getpid())
 
 
 @dataclass

@@ -1,0 +1,462 @@
+"""gridstream against Bytewax 0.21.1, Pathway 0.33.0 and one plain Python
+process: same data files, same user functions, every result checked.
+
+``make bench-peers`` installs each peer into a virtual environment of its own
+and runs this driver with gridstream's interpreter:
+
+    .venv/bin/python bench/peers [--out DIR] [--venvs DIR] [--rounds 3] \
+        [--words 900000] [--taxi 1000000] [--systems NAME,...] [--workloads NAME,...]
+
+It writes the two data sets once (``wordcount.generate`` and ``taxi.generate``
+of ``gridstream.examples``, seed 0), computes the reference results in-process
+with gridstream's own reference functions, then runs rounds: in each round
+every workload on every system set-up, one after another, so slow drifts of a
+shared machine fall on all systems alike. Each run is a fresh process tree (a
+fresh cluster for gridstream, an empty recovery store or persistence directory
+for the peers) whose runner (``bench/peers/*.py``) reports its timed window,
+CPU-seconds of all its processes and peak memory (see ``common.Stats``). A
+result that differs from the reference, or a run that fails, is a failure:
+printed at once in a banner, listed at the end, and the exit status is 1.
+
+The table gives medians over rounds; gridstream's ratios compare like with
+like: exactly_once against the peers with fault tolerance on, at_most_once
+against the peers with it off and against plain Python. Everything lands in
+``--out`` (default ``~/.cache/gridstream-bench/out``, outside the repository):
+``peers.txt`` (the table), ``peers.json`` (every run), ``peers.png`` and, per
+run, its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from common import check_taxi_layout  # noqa: E402
+
+from gridstream.demo import compare  # noqa: E402
+from gridstream.examples import taxi, wordcount  # noqa: E402
+
+CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gridstream-bench"
+WORKLOADS = ("wordcount", "taxi")
+UNITS = {"wordcount": "words", "taxi": "records"}
+RUN_TIMEOUT_S = 1800.0
+"""A run still going after this long is killed and counted as a failure."""
+
+
+@dataclass(frozen=True)
+class System:
+    """One system set-up: how to start its runner for a workload, and what must
+    exist before the timed window (a recovery store, an empty directory)."""
+
+    name: str
+    family: str
+    fault_tolerance: bool
+    interpreter: str
+    script: Callable[[str], str]
+    options: tuple[str, ...] = ()
+    bytewax_recovery_parts: int = 0
+    pathway_persistence: bool = False
+    gridstream_delivery: str = ""
+
+    def argv(self, workload: str, data: Path, run_dir: Path) -> list[str]:
+        """The runner's command line for one run in ``run_dir``."""
+        argv = [self.interpreter, str(HERE / self.script(workload)), "--input", str(data),
+                "--output", str(run_dir / "result.json"), "--stats", str(run_dir / "stats.json"),
+                *self.options]
+        if self.gridstream_delivery:
+            argv += ["--workload", workload, "--delivery", self.gridstream_delivery,
+                     "--run-dir", str(run_dir / "cluster")]
+        if self.family == "plain Python":
+            argv += ["--workload", workload]
+        if self.bytewax_recovery_parts:
+            argv += ["--recovery-dir", str(run_dir / "recovery"), "--snapshot-interval", "1"]
+        if self.pathway_persistence:
+            argv += ["--persistence-dir", str(run_dir / "persistence")]
+        return argv
+
+    def prepare(self, run_dir: Path) -> None:
+        """Creates what the run needs before its window: Bytewax's SQLite
+        recovery partitions (``python -m bytewax.recovery DIR N``)."""
+        if self.bytewax_recovery_parts:
+            store = run_dir / "recovery"
+            store.mkdir(parents=True)
+            subprocess.run([self.interpreter, "-m", "bytewax.recovery", str(store),
+                            str(self.bytewax_recovery_parts)], check=True)
+
+
+def systems(venvs: Path) -> tuple[list[System], list[str]]:
+    """Every set-up whose interpreter exists, and a note for each peer missing."""
+    own = sys.executable
+    bytewax = venvs / "bytewax" / "bin" / "python"
+    pathway = venvs / "pathway" / "bin" / "python"
+    found = [
+        System("gridstream exactly_once", "gridstream", True, own,
+               lambda _w: "gridstream_run.py", gridstream_delivery="exactly_once"),
+        System("gridstream at_most_once", "gridstream", False, own,
+               lambda _w: "gridstream_run.py", gridstream_delivery="at_most_once"),
+    ]
+    missing = []
+    if bytewax.exists():
+        for workers in (1, 2):
+            found.append(System(f"Bytewax {workers}w recovery 1s", "Bytewax", True,
+                                str(bytewax), lambda w: f"bytewax_{w}.py",
+                                ("--workers", str(workers)), bytewax_recovery_parts=workers))
+            found.append(System(f"Bytewax {workers}w no recovery", "Bytewax", False,
+                                str(bytewax), lambda w: f"bytewax_{w}.py",
+                                ("--workers", str(workers))))
+    else:
+        missing.append(f"Bytewax: no interpreter at {bytewax} (run `make bench-peers`)")
+    if pathway.exists():
+        found.append(System("Pathway persistence", "Pathway", True, str(pathway),
+                            lambda w: f"pathway_{w}.py", pathway_persistence=True))
+        found.append(System("Pathway no persistence", "Pathway", False, str(pathway),
+                            lambda w: f"pathway_{w}.py"))
+    else:
+        missing.append(f"Pathway: no interpreter at {pathway} (run `make bench-peers`)")
+    found.append(System("plain Python", "plain Python", False, own, lambda _w: "plain.py"))
+    return found, missing
+
+
+@dataclass
+class Run:
+    """One run's outcome, as ``peers.json`` keeps it."""
+
+    workload: str
+    system: str
+    round: int
+    records: int
+    ok: bool = False
+    failure: str = ""
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    peak_rss_bytes: int = 0
+    processes: int = 0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        """Records (words for wordcount) per second of the timed window."""
+        return self.records / self.seconds if self.seconds else 0.0
+
+    @property
+    def per_cpu(self) -> float:
+        """Records per CPU-second of all the system's processes."""
+        return self.records / self.cpu_seconds if self.cpu_seconds else 0.0
+
+
+def loud(message: str) -> None:
+    """A failure, impossible to miss in the scrolling output."""
+    bar = "!" * 78
+    print(f"\n{bar}\n!!! {message}\n{bar}\n", flush=True)
+
+
+def write_data(data_dir: Path, words: int, records: int) -> dict[str, tuple[Path, int, Any]]:
+    """Writes both data sets and returns, per workload, (file, records, reference)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lines = wordcount.generate(words)
+    words_path = data_dir / f"words-{words}-seed0.txt"
+    words_path.write_text("".join(line + "\n" for line in lines))
+    taxi_lines = list(taxi.generate(records))
+    taxi_path = data_dir / f"taxi-{records}-seed0.jsonl"
+    taxi_path.write_text("".join(line + "\n" for line in taxi_lines))
+    if taxi_lines:
+        check_taxi_layout(taxi_lines[0])
+    return {"wordcount": (words_path, words, wordcount.reference(lines)),
+            "taxi": (taxi_path, records, taxi.reference(taxi_lines))}
+
+
+def run_once(system: System, workload: str, data: Path, records: int, expected: Any,
+             run_dir: Path, number: int) -> Run:
+    """Runs one system on one workload in a fresh directory and checks it."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+    run = Run(workload, system.name, number, records)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PATHWAY_LICENSE", "PATHWAY_MONITORING", "BYTEWAX_"))}
+    log_path = run_dir / "run.log"
+    try:
+        system.prepare(run_dir)
+        with log_path.open("w") as log:
+            process = subprocess.Popen(system.argv(workload, data, run_dir), stdout=log,
+                                       stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)
+            try:
+                code = process.wait(RUN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                # The runner leads a session of its own: its group is this run's
+                # processes only (a cluster's members included).
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                raise RuntimeError(f"still running after {RUN_TIMEOUT_S:.0f} s; killed") from None
+        if code != 0:
+            tail = "\n".join(log_path.read_text().splitlines()[-15:])
+            raise RuntimeError(f"exit status {code}; log {log_path}:\n{tail}")
+        stats = json.loads((run_dir / "stats.json").read_text())
+        actual = json.loads((run_dir / "result.json").read_text())
+    except (OSError, RuntimeError, ValueError, subprocess.CalledProcessError) as error:
+        run.failure = f"{type(error).__name__}: {error}"
+        loud(f"FAILED {workload} on {system.name} (round {number}): {run.failure}")
+        return run
+    run.seconds = stats["seconds"]
+    run.cpu_seconds = stats["cpu_seconds"]
+    run.peak_rss_bytes = stats["peak_rss_bytes"]
+    run.processes = stats["processes"]
+    run.notes = stats["notes"]
+    missing, extra, different = compare(actual, expected)
+    if missing or extra or different:
+        run.failure = (f"result differs from the reference: {missing} keys missing, "
+                       f"{extra} unexpected, {different} with another value")
+        loud(f"MISMATCH {workload} on {system.name} (round {number}): {run.failure}")
+        return run
+    run.ok = True
+    # Results, stores and clusters can be large: a run that passed keeps its
+    # log and stats only (a failed one keeps everything to look at).
+    for leftover in run_dir.iterdir():
+        if leftover.name not in ("run.log", "stats.json"):
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink()
+    return run
+
+
+@dataclass
+class Row:
+    """One line of the table: a system's medians on one workload."""
+
+    workload: str
+    system: str
+    fault_tolerance: bool
+    runs: int
+    rate: float
+    cpu_seconds: float
+    per_cpu: float
+    peak_mb: float
+    rate_ratio: float | None = None
+    cpu_ratio: float | None = None
+    against: str = ""
+
+
+def summarise(results: list[Run], order: list[System]) -> list[Row]:
+    """Medians per (workload, system) over the rounds that passed, and
+    gridstream's ratios against each other row (see the module docstring)."""
+    rows = []
+    for workload in WORKLOADS:
+        by_name: dict[str, Row] = {}
+        for system in order:
+            good = [r for r in results if r.workload == workload and r.system == system.name
+                    and r.ok]
+            if not good:
+                continue
+            by_name[system.name] = Row(
+                workload, system.name, system.fault_tolerance, len(good),
+                statistics.median(r.rate for r in good),
+                statistics.median(r.cpu_seconds for r in good),
+                statistics.median(r.per_cpu for r in good),
+                max(r.peak_rss_bytes for r in good) / 2**20)
+        for row in by_name.values():
+            against = ("gridstream exactly_once" if row.fault_tolerance
+                       else "gridstream at_most_once")
+            if row.system.startswith("gridstream"):
+                if row.system == "gridstream exactly_once":
+                    against = "gridstream at_most_once"
+                else:
+                    continue
+            reference = by_name.get(against)
+            if reference is None or not row.rate or not row.per_cpu:
+                continue
+            row.against = against.removeprefix("gridstream ")
+            if row.system == "gridstream exactly_once":
+                # Its own row: exactly-once over at-most-once, the cost of the guarantee.
+                row.rate_ratio = row.rate / reference.rate
+                row.cpu_ratio = row.per_cpu / reference.per_cpu
+            else:
+                row.rate_ratio = reference.rate / row.rate
+                row.cpu_ratio = reference.per_cpu / row.per_cpu
+        rows.extend(by_name.values())
+    return rows
+
+
+def _si(value: float) -> str:
+    """1234567 -> '1.23M', 45600 -> '45.6k': the figures' scale at a glance."""
+    for factor, suffix in ((1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def table(rows: list[Row], sizes: dict[str, int], header: str) -> str:
+    """The text table: one block per workload."""
+    lines = [header, ""]
+    columns = (f"{'system':<26}{'FT':>4}{'runs':>5}{'records/s':>12}{'CPU-s':>8}"
+               f"{'rec/CPU-s':>11}{'peak MB':>9}{'gs rate x':>11}{'gs rec/CPU x':>14}  vs")
+    for workload in WORKLOADS:
+        block = [r for r in rows if r.workload == workload]
+        if not block:
+            continue
+        lines.append(f"{workload}: {sizes[workload]:,} {UNITS[workload]}")
+        lines.append(columns)
+        for r in block:
+            rate_ratio = f"{r.rate_ratio:.2f}" if r.rate_ratio is not None else "-"
+            cpu_ratio = f"{r.cpu_ratio:.2f}" if r.cpu_ratio is not None else "-"
+            lines.append(
+                f"{r.system:<26}{'on' if r.fault_tolerance else 'off':>4}{r.runs:>5}"
+                f"{r.rate:>12,.0f}{r.cpu_seconds:>8.2f}{r.per_cpu:>11,.0f}{r.peak_mb:>9,.0f}"
+                f"{rate_ratio:>11}{cpu_ratio:>14}  {r.against}")
+        lines.append("")
+    lines.append("gs rate x / gs rec/CPU x: gridstream's records/s and records per CPU-second "
+                 "divided by the row's,\n  exactly_once against fault tolerance on, "
+                 "at_most_once against off; on gridstream's own exactly_once row,\n"
+                 "  exactly_once over at_most_once. Peak MB: the largest over the rounds of "
+                 "the sum of the\n  processes' peak RSS. Medians of the rounds that passed.")
+    return "\n".join(lines)
+
+
+COLOURS = {"gridstream": "#1f77b4", "Bytewax": "#ff7f0e", "Pathway": "#2ca02c",
+           "plain Python": "#7f7f7f"}
+
+
+def plot(rows: list[Row], order: list[System], path: Path, title: str) -> None:
+    """Horizontal bars per workload: records/s, records per CPU-second and peak
+    memory, each bar labelled with its value, every axis from zero; hatched
+    bars are set-ups with fault tolerance on."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = [w for w in WORKLOADS if any(r.workload == w for r in rows)]
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
+
+    def ratio(value: float | None) -> str:
+        return f"   gs {value:.2f}x" if value is not None else ""
+
+    metrics: list[tuple[str, Callable[[Row], float], Callable[[Row], str]]] = [
+        ("records/s (median)", lambda r: r.rate, lambda r: _si(r.rate) + ratio(r.rate_ratio)),
+        ("records per CPU-second (median)", lambda r: r.per_cpu,
+         lambda r: _si(r.per_cpu) + ratio(r.cpu_ratio)),
+        ("peak memory, MB (sum of processes)", lambda r: r.peak_mb,
+         lambda r: f"{r.peak_mb:,.0f}"),
+    ]
+    family = {s.name: s.family for s in order}
+    fig, axes = plt.subplots(len(workloads), len(metrics), squeeze=False,
+                             figsize=(6 * len(metrics), 0.5 * len(order) * len(workloads) + 2.5))
+    for row_axes, workload in zip(axes, workloads, strict=True):
+        block = [r for r in rows if r.workload == workload]
+        names = [r.system for r in block]
+        for ax, (label, value, fmt) in zip(row_axes, metrics, strict=True):
+            values = [value(r) for r in block]
+            bars = ax.barh(names, values, color=[COLOURS[family[n]] for n in names])
+            for bar, r in zip(bars, block, strict=True):
+                if r.fault_tolerance:
+                    bar.set_hatch("//")
+            ax.bar_label(bars, labels=[fmt(r) for r in block], padding=3, fontsize=8)
+            ax.set_xlim(0, max(values, default=1) * 1.4 or 1)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _si(v)))
+            ax.invert_yaxis()
+            ax.set_title(f"{workload}: {label}", fontsize=10)
+            ax.tick_params(axis="y", labelsize=8)
+            ax.tick_params(axis="x", labelsize=8)
+    fig.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch="//",
+                              label="fault tolerance on"),
+                        *(Patch(color=c, label=f) for f, c in COLOURS.items())],
+               loc="lower center", ncol=5, fontsize=8)
+    fig.suptitle(title + "\ngs Nx: gridstream's figure over the bar's (exactly_once vs fault "
+                 "tolerance on, at_most_once vs off; on gridstream exactly_once: over "
+                 "at_most_once)", fontsize=9)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    """Parses the command line, runs the rounds, prints and saves the table."""
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=CACHE / "out",
+                        help="output directory (default: %(default)s)")
+    parser.add_argument("--venvs", type=Path, default=CACHE / "venvs",
+                        help="directory holding the bytewax/ and pathway/ virtual environments")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--words", type=int, default=900_000, help="wordcount words")
+    parser.add_argument("--taxi", type=int, default=1_000_000, help="taxi records")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS),
+                        help="comma-separated subset of: " + ", ".join(WORKLOADS))
+    parser.add_argument("--systems", default="",
+                        help="comma-separated substrings; only matching set-ups run")
+    args = parser.parse_args()
+    workloads = [w for w in args.workloads.split(",") if w]
+    if unknown := set(workloads) - set(WORKLOADS):
+        parser.error(f"unknown workloads {sorted(unknown)}")
+    order, missing = systems(args.venvs.expanduser())
+    for note in missing:
+        loud(f"NOT RUN: {note}")
+    if args.systems:
+        wanted = [s.strip().lower() for s in args.systems.split(",") if s.strip()]
+        order = [s for s in order if any(w in s.name.lower() for w in wanted)]
+    out = args.out.expanduser().resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    started = datetime.datetime.now(datetime.UTC)
+    print(f"writing data sets to {out / 'data'}", flush=True)
+    data = write_data(out / "data", args.words, args.taxi)
+    sizes = {w: data[w][1] for w in WORKLOADS}
+    results: list[Run] = []
+    for number in range(1, args.rounds + 1):
+        for workload in workloads:
+            path, records, expected = data[workload]
+            for system in order:
+                slug = system.name.lower().replace(" ", "-")
+                run = run_once(system, workload, path, records, expected,
+                               out / "runs" / workload / slug / f"round-{number}", number)
+                results.append(run)
+                if run.ok:
+                    print(f"round {number} {workload:<9} {system.name:<26} "
+                          f"{run.rate:>12,.0f} {UNITS[workload]}/s  {run.cpu_seconds:7.2f} CPU-s "
+                          f"{run.per_cpu:>11,.0f}/CPU-s  {run.peak_rss_bytes / 2**20:7,.0f} MB"
+                          "  result MATCH", flush=True)
+    rows = summarise(results, order)
+    cores = os.cpu_count()
+    header = (f"gridstream vs peers, {started:%Y-%m-%d %H:%M} UTC, {platform.node()}, "
+              f"{cores} cores, Python {platform.python_version()}; "
+              f"{args.rounds} rounds; wordcount {sizes['wordcount']:,} words, "
+              f"taxi {sizes['taxi']:,} records")
+    text = table(rows, sizes, header)
+    failures = [r for r in results if not r.ok]
+    if failures:
+        text += "\n\nFAILED RUNS:\n" + "\n".join(
+            f"  {r.workload} on {r.system}, round {r.round}: {r.failure.splitlines()[0]}"
+            for r in failures)
+    print("\n" + text, flush=True)
+    (out / "peers.txt").write_text(text + "\n")
+    (out / "peers.json").write_text(json.dumps(
+        {"header": header, "sizes": sizes, "rounds": args.rounds,
+         "started": started.isoformat(), "runs": [asdict(r) for r in results],
+         "rows": [asdict(r) for r in rows]}, indent=1))
+    plot(rows, order, out / "peers.png", header)
+    print(f"\ntable: {out / 'peers.txt'}\nruns: {out / 'peers.json'}\nplot: {out / 'peers.png'}")
+    if failures:
+        loud(f"{len(failures)} run(s) failed or did not match the reference (listed above)")
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    started_at = time.monotonic()
+    main()
+    print(f"done in {time.monotonic() - started_at:.0f} s")
