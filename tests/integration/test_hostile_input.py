@@ -14,10 +14,12 @@ import json
 import math
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -360,11 +362,10 @@ async def test_row10_tracking_timeout_must_be_finite_and_bounded(
 @pytest.mark.parametrize("job_id", ["../../etc", "jöb-ünïcode", "x" * 10_000, "a/b", ".."])
 async def test_row11_deploy_refuses_ids_that_are_not_ids(cluster: LocalCluster,
                                                          job_id: str) -> None:
+    """Even a member (the scheduler deploys) cannot install a job under an id
+    that is not an id; a stranger is not even asked for one."""
     spec = wordcount.job().with_defaults(PARTITIONS, 1_000).to_proto()
     request = worker_pb2.DeployJobRequest(job_id=job_id, spec=spec)
-    async with stranger(address_of(cluster, "worker-1")) as channel:
-        await refused(worker_pb2_grpc.WorkerStub(channel).DeployJob(
-            request, timeout=CALL_TIMEOUT_S), grpc.StatusCode.UNAUTHENTICATED)
     async with rpc.open_channel(address_of(cluster, "worker-1")) as channel:
         stub = worker_pb2_grpc.WorkerStub(channel)
         await refused(stub.DeployJob(request, timeout=CALL_TIMEOUT_S),
@@ -372,6 +373,9 @@ async def test_row11_deploy_refuses_ids_that_are_not_ids(cluster: LocalCluster,
         await refused(stub.GetTaskProgress(worker_pb2.GetTaskProgressRequest(job_id=job_id),
                                            timeout=CALL_TIMEOUT_S),
                       grpc.StatusCode.INVALID_ARGUMENT, "not a valid id")
+    async with stranger(address_of(cluster, "worker-1")) as channel:
+        await refused(worker_pb2_grpc.WorkerStub(channel).DeployJob(
+            request, timeout=CALL_TIMEOUT_S), grpc.StatusCode.UNAUTHENTICATED)
 
 
 # -- 12: the SDK ---------------------------------------------------------------------
@@ -455,27 +459,76 @@ def start_stateserver(tmp_path: Path, *extra: str, env: dict[str, str] | None = 
              **(env or {})})
 
 
-async def test_row14_metrics_stay_on_loopback_and_plaintext_binds_loopback(
-        tmp_path: Path) -> None:
-    refused_start = start_stateserver(tmp_path / "a", "--host", "0.0.0.0")
-    output, _ = refused_start.communicate(timeout=60)
-    assert refused_start.returncode != 0
-    assert b"plaintext_network" in output
-    process = start_stateserver(tmp_path / "b", "--host", "0.0.0.0",
-                                env={"GRIDSTREAM_SECURITY_PLAINTEXT_NETWORK": "true"})
-    try:
-        ready = tmp_path / "b" / "ready.json"
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            assert process.poll() is None, process.stdout.read() if process.stdout else b""
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
-        fields = json.loads(ready.read_text())
-        assert fields["address"].startswith("0.0.0.0:")
-        assert fields["metrics"].startswith("127.0.0.1:")
-    finally:
+PLAINTEXT_NETWORK = {"GRIDSTREAM_SECURITY_PLAINTEXT_NETWORK": "true"}
+
+
+async def ready_or_exit(process: subprocess.Popen[bytes], ready: Path,
+                        timeout_s: float = 60.0) -> dict[str, Any] | None:
+    """The fields of a service's ready file once it serves, or None once it exited."""
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(ready.exists):
+        if process.poll() is not None:
+            return None
+        assert time.monotonic() < deadline, "the service neither started nor exited"
+        await asyncio.sleep(0.05)
+    fields: dict[str, Any] = json.loads(await asyncio.to_thread(ready.read_text))
+    return fields
+
+
+def stop(process: subprocess.Popen[bytes]) -> bytes:
+    """Stops a service this test started (if it still runs); its output."""
+    if process.poll() is None:
         process.terminate()
-        process.wait(timeout=30)
+    output, _ = process.communicate(timeout=30)
+    return output
+
+
+def scrape(url: str) -> bytes:
+    """The body of an HTTP GET."""
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        body: bytes = reply.read()
+    return body
+
+
+def non_loopback_address() -> str | None:
+    """This machine's address on its default route, if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))
+        except OSError:
+            return None
+        host = str(probe.getsockname()[0])
+    return None if host.startswith("127.") or host == "0.0.0.0" else host
+
+
+async def test_plaintext_binds_loopback_unless_the_network_is_trusted(tmp_path: Path) -> None:
+    process = start_stateserver(tmp_path, "--host", "0.0.0.0")
+    try:
+        fields = await ready_or_exit(process, tmp_path / "ready.json")
+        assert fields is None, f"served plaintext on {fields and fields['address']}"
+    finally:
+        output = stop(process)
+    assert process.returncode != 0
+    assert b"plaintext_network" in output
+
+
+async def test_row14_metrics_bind_loopback_whatever_the_service_binds(tmp_path: Path) -> None:
+    docs = await asyncio.to_thread((REPO_ROOT / "docs" / "security.md").read_text)
+    assert "/metrics" in docs and "metrics_host" in docs
+    process = start_stateserver(tmp_path, "--host", "0.0.0.0", env=PLAINTEXT_NETWORK)
+    try:
+        fields = await ready_or_exit(process, tmp_path / "ready.json")
+        assert fields is not None, stop(process)
+        assert fields["address"].startswith("0.0.0.0:")
+        host, port = fields["metrics"].rsplit(":", 1)
+        assert host == "127.0.0.1", fields["metrics"]
+        assert b"# HELP" in await asyncio.to_thread(scrape, f"http://127.0.0.1:{port}/metrics")
+        other = non_loopback_address()
+        if other is not None:  # the machine's other interface does not serve them
+            with pytest.raises(OSError):
+                socket.create_connection((other, int(port)), timeout=5).close()
+    finally:
+        stop(process)
 
 
 async def test_no_process_restarted_or_died(cluster: LocalCluster) -> None:
@@ -507,13 +560,13 @@ async def test_a_push_with_an_unknown_outcome_is_pushed_again_with_its_sequence(
         try:
             with pytest.raises((Unavailable, ResourceExhausted, DeadlineExceeded)) as info:
                 await sdk.send(job_id, ["first batch"], keys=[key])
-            assert info.value.pending_partitions == (partition,)
         finally:
             local.kill("worker-2", signal.SIGCONT)
         await local.wait_registered(timeout_s=60)
         await sdk.send(job_id, ["second batch"], keys=[key])
         await sdk.drain(job_id, timeout_s=120)
         assert await sdk.results(job_id) == {"first": 1, "second": 1, "batch": 2}
+        assert getattr(info.value, "pending_partitions", None) == (partition,)
 
 
 async def test_the_sdk_refuses_producers_and_sequences_clients_may_not_use(

@@ -1,0 +1,133 @@
+"""Requests from authenticated members are checked too: a member's
+credentials say who may call, not that what it sends is sane (a member with
+a bug, or a stolen secret, must not be able to store an epoch no one can
+exceed or a container that cannot exist). Every call here carries the
+cluster secret (this process started the cluster, as ``gridstream up`` does)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+import grpc
+import pytest
+import pytest_asyncio
+
+from gridstream import codec, rpc
+from gridstream.client import Client
+from gridstream.config import ClusterConfig, Config
+from gridstream.examples import wordcount
+from gridstream.local import LocalCluster
+from gridstream.v1 import (
+    scheduler_pb2,
+    scheduler_pb2_grpc,
+    stateserver_pb2,
+    stateserver_pb2_grpc,
+    worker_pb2,
+    worker_pb2_grpc,
+)
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 2
+TOO_BIG = 2**64 - 1
+CALL_TIMEOUT_S = 10.0
+
+
+@pytest_asyncio.fixture(scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
+    """1 scheduler, 1 worker (no backups), 1 state server."""
+    config = replace(Config(), cluster=ClusterConfig(window_size=500, partitions=PARTITIONS,
+                                                     backup_count=0))
+    local = LocalCluster(tmp_path_factory.mktemp("members"), config, workers=1,
+                         state_servers=1)
+    async with local:
+        yield local
+
+
+@pytest_asyncio.fixture(scope="module")
+async def job_id(cluster: LocalCluster) -> str:
+    """A running wordcount job (two tasks) on the cluster."""
+    async with Client(cluster.scheduler_address) as client:
+        return await client.submit(wordcount.job())
+
+
+async def refused(call: Any, text: str) -> str:
+    """Awaits a member's call that must be refused INVALID_ARGUMENT naming ``text``."""
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call
+    details = info.value.details() or ""
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (info.value.code(), details)
+    assert text in details, details
+    assert len(details) < 400, details
+    return details
+
+
+@pytest_asyncio.fixture
+async def worker(cluster: LocalCluster) -> AsyncIterator[worker_pb2_grpc.WorkerStub]:
+    """The worker, called as a member."""
+    async with rpc.open_channel(cluster.members["worker-1"].address) as channel:
+        yield worker_pb2_grpc.WorkerStub(channel)
+
+
+async def test_a_members_push_with_a_sequence_beyond_any_counter(
+        worker: worker_pb2_grpc.WorkerStub, job_id: str) -> None:
+    await refused(worker.Push(worker_pb2.PushRequest(
+        job_id=job_id, sender="worker-1", segments=[worker_pb2.Segment(
+            task=1, partition=0, channel="t0/p0", sequence=2**63,
+            batch=codec.encode_batch(["injected"], ["injected"]))]),
+        timeout=CALL_TIMEOUT_S), "segments[0].sequence")
+
+
+async def test_replication_at_an_epoch_no_one_can_exceed(
+        worker: worker_pb2_grpc.WorkerStub, job_id: str) -> None:
+    await refused(worker.Replicate(worker_pb2.ReplicateRequest(
+        job_id=job_id, task=0, partition=0, epoch=TOO_BIG, primary="worker-9", reset=True),
+        timeout=CALL_TIMEOUT_S), "epoch")
+
+
+async def test_replication_and_log_fetch_of_containers_the_job_does_not_have(
+        worker: worker_pb2_grpc.WorkerStub, job_id: str) -> None:
+    stub = worker
+    await refused(stub.Replicate(worker_pb2.ReplicateRequest(
+        job_id=job_id, task=99, partition=0, epoch=1, primary="worker-9"),
+        timeout=CALL_TIMEOUT_S), "task 99")
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in stub.FetchContainer(worker_pb2.FetchContainerRequest(
+                job_id=job_id, task=0, partition=1_000_000, epoch=1), timeout=CALL_TIMEOUT_S):
+            pass
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert "partition 1000000" in (info.value.details() or "")
+
+
+async def test_a_heartbeat_with_counters_beyond_range(cluster: LocalCluster) -> None:
+    async with rpc.open_channel(cluster.scheduler_address) as channel:
+        await refused(scheduler_pb2_grpc.SchedulerStub(channel).Heartbeat(
+            scheduler_pb2.HeartbeatRequest(node_id="worker-1", incarnation="whatever",
+                                           snapshot_bytes=TOO_BIG),
+            timeout=CALL_TIMEOUT_S), "snapshot_bytes")
+
+
+async def test_state_writes_with_a_huge_checksum_or_a_path_for_an_id(
+        cluster: LocalCluster, job_id: str) -> None:
+    async with rpc.open_channel(cluster.members["state-1"].address) as channel:
+        stub = stateserver_pb2_grpc.StateServerStub(channel)
+        await refused(stub.PutSnapshot(stateserver_pb2.PutSnapshotRequest(
+            meta=stateserver_pb2.SnapshotMeta(job_id=job_id, operator_id=f"{job_id}/t1/p0",
+                                              window=1, epoch=1, size=1,
+                                              checksum="f" * 100_000),
+            payload=b"x"), timeout=CALL_TIMEOUT_S), "meta.checksum")
+        await refused(stub.ReadOperator(stateserver_pb2.ReadOperatorRequest(
+            job_id=job_id, operator_id=f"{job_id}/t1/p0", after_version=TOO_BIG),
+            timeout=CALL_TIMEOUT_S).read(), "after_version")
+
+
+async def test_afterwards_the_job_gives_the_reference_and_nothing_restarted(
+        cluster: LocalCluster, job_id: str) -> None:
+    lines = wordcount.generate(1_000, seed=5)
+    async with Client(cluster.scheduler_address, batch_size=200) as client:
+        await client.send(job_id, lines)
+        await client.drain(job_id, timeout_s=120)
+        assert await client.results(job_id) == wordcount.reference(lines)
+    assert all(m.alive() and m.restarts == 0 for m in cluster.members.values())
