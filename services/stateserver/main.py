@@ -180,6 +180,14 @@ async def serve(options: Options, stop: asyncio.Event) -> bool:
             if sync is not None and epoch > routing.epoch:
                 sync.notify()
 
+        async def on_fence() -> None:
+            # A heartbeat answered "register again" while this server
+            # deregisters on retirement: rejoining would list a retired
+            # server as a member again. Heartbeats wait here until shutdown
+            # (or until the deregistration failed and will be retried).
+            if sync is not None:
+                await sync.staying.wait()
+
         def heartbeat_fields() -> dict[str, int]:
             stats = figures.latest
             if stats is None:
@@ -189,7 +197,7 @@ async def serve(options: Options, stop: asyncio.Event) -> bool:
         agent = MemberAgent(
             config.scheduler_address, settings.node_id,
             scheduler_pb2.MEMBER_ROLE_STATE_SERVER, address, on_epoch=on_epoch,
-            heartbeat_fields=heartbeat_fields,
+            on_fence=on_fence, heartbeat_fields=heartbeat_fields,
         )
         if not options.standalone:
             sync = ReplicaSync(

@@ -464,30 +464,7 @@ class SnapshotStore:
     async def holdings(self, job_id: str = "") -> list[OperatorHoldings]:
         """Per operator: newest window, highest result version and fence."""
         where, params = ("WHERE job_id = ?", (job_id,)) if job_id else ("", ())
-        windows = {
-            (row[0], row[1]): int(row[2])
-            for row in await self._read().execute_fetchall(
-                f'SELECT job_id, operator_id, MAX("window") FROM snapshots {where} '
-                "GROUP BY job_id, operator_id", params)
-        }
-        fences = {
-            (row[0], row[1]): (int(row[2]), int(row[3]))
-            for row in await self._read().execute_fetchall(
-                f"SELECT job_id, operator_id, epoch, results_version FROM operators {where}",
-                params)
-        }
-        states = {
-            (row[0], row[1]): int(row[2])
-            for row in await self._read().execute_fetchall(
-                f"SELECT job_id, operator_id, head_window FROM state_heads {where}", params)
-        }
-        return [
-            OperatorHoldings(job, operator, windows.get((job, operator)),
-                             fences.get((job, operator), (0, 0))[1],
-                             fences.get((job, operator), (0, 0))[0],
-                             states.get((job, operator)))
-            for job, operator in sorted(set(windows) | set(fences) | set(states))
-        ]
+        return await _holdings(self._read(), where, params)
 
     async def mark(self, job_id: str, operator_id: str, epoch: int, version: int) -> None:
         """Raises an operator's fence and result version to at least these
@@ -498,18 +475,30 @@ class SnapshotStore:
 
         await self._commit().submit(op)
 
-    async def drop_operator(self, job_id: str, operator_id: str) -> None:
-        """Deletes everything of one operator (a copy handed over to its replicas)."""
+    async def drop_operator(self, job_id: str, operator_id: str,
+                            unless_changed_from: OperatorHoldings | None = None) -> bool:
+        """Deletes everything of one operator (a copy handed over to its
+        replicas); True when it did. With ``unless_changed_from``, the copy is
+        dropped only if it still holds exactly that, checked in the deleting
+        transaction: a write stored after the caller compared its holdings
+        with the replicas' (a writer with an older routing table still counts
+        this server in its quorum) is never dropped unseen."""
 
-        async def op(conn: aiosqlite.Connection) -> None:
+        async def op(conn: aiosqlite.Connection) -> bool:
+            if unless_changed_from is not None:
+                now = await _holdings(conn, "WHERE job_id = ? AND operator_id = ?",
+                                      (job_id, operator_id))
+                if now != [unless_changed_from]:
+                    return False
             for table in ("results", "dead_letters", "snapshots", *STATE_TABLES_BY_OPERATOR,
                           "operators"):
                 await conn.execute(
                     f"DELETE FROM {table} WHERE job_id = ? AND operator_id = ?",
                     (job_id, operator_id))
             self._fences.pop((job_id, operator_id), None)
+            return True
 
-        await self._commit().submit(op)
+        return await self._commit().submit(op)
 
     async def job_ids(self) -> list[str]:
         """Every job this store holds anything of."""
@@ -568,3 +557,32 @@ class SnapshotStore:
             snapshot_bytes=int(rows[0][1]) + int(deltas[0][1]),
             commits=committer.commits, writes=committer.writes,
         )
+
+
+async def _holdings(conn: aiosqlite.Connection, where: str,
+                    params: tuple[str, ...]) -> list[OperatorHoldings]:
+    """What ``conn`` sees of the operators selected by ``where``."""
+    windows = {
+        (row[0], row[1]): int(row[2])
+        for row in await conn.execute_fetchall(
+            f'SELECT job_id, operator_id, MAX("window") FROM snapshots {where} '
+            "GROUP BY job_id, operator_id", params)
+    }
+    fences = {
+        (row[0], row[1]): (int(row[2]), int(row[3]))
+        for row in await conn.execute_fetchall(
+            f"SELECT job_id, operator_id, epoch, results_version FROM operators {where}",
+            params)
+    }
+    states = {
+        (row[0], row[1]): int(row[2])
+        for row in await conn.execute_fetchall(
+            f"SELECT job_id, operator_id, head_window FROM state_heads {where}", params)
+    }
+    return [
+        OperatorHoldings(job, operator, windows.get((job, operator)),
+                         fences.get((job, operator), (0, 0))[1],
+                         fences.get((job, operator), (0, 0))[0],
+                         states.get((job, operator)))
+        for job, operator in sorted(set(windows) | set(fences) | set(states))
+    ]

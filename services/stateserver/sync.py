@@ -109,6 +109,10 @@ class ReplicaSync:
         self.figures = SyncFigures()
         self.caught_up = asyncio.Event()
         """Set after the first pass that reached every live peer."""
+        self.staying = asyncio.Event()
+        """Cleared while deregistering and after: the member agent must not
+        register again when a heartbeat is answered "unknown member" then."""
+        self.staying.set()
         self._wake = asyncio.Event()
         self._last_cleanup = time.monotonic()
 
@@ -140,12 +144,12 @@ class ReplicaSync:
         """One pass of catch-up, hand-back, (timed) cleanup and retirement."""
         started = time.monotonic()
         await self.routing.refresh()
-        replicas = self.routing.replica_set
+        replicas, epoch = self.routing.replica_set, self.routing.epoch
         peers = {n: a for n, a in replicas.readable.items() if n != self.node_id}
         digests, reached_all = await self._digests(peers)
         running = set(self.routing.owners)
         await self._catch_up(replicas, peers, digests, running)
-        await self._hand_back(replicas, digests, running)
+        await self._hand_back(replicas, epoch, digests, running)
         if time.monotonic() - self._last_cleanup >= self.cleanup_interval_s:
             self._last_cleanup = time.monotonic()
             await self.clean_ended_jobs()
@@ -310,11 +314,24 @@ class ReplicaSync:
     async def _hand_back(
         self,
         replicas: ReplicaSet,
+        epoch: int,
         digests: dict[str, dict[OperatorKey, stateserver_pb2.OperatorDigest]],
         running: set[str],
     ) -> None:
         """Drops copies of operators this server is not a replica of, once
-        every replica of theirs holds as much."""
+        every replica of theirs holds as much.
+
+        Two races are closed here. A write can reach this copy after it was
+        compared with the replicas' digests (a writer whose routing table is
+        older still counts this server in its quorum): the drop happens only
+        if the copy still holds exactly what was compared, checked in the
+        deleting transaction. And two servers whose routing tables differ can
+        each find the other among the replicas covering it and both drop (a
+        retirement that moves an operator back to a server still handing it
+        over): nothing is dropped when the epoch moved since the digests
+        were taken; the next pass decides on the new table.
+        """
+        candidates = []
         for key, mine in (await self._local()).items():
             job_id, operator_id = key
             if job_id not in running:
@@ -323,9 +340,23 @@ class ReplicaSync:
             if self.node_id in placement or len(placement) < replicas.copies:
                 continue
             if all(_covers(digests.get(node, {}).get(key), mine) for node in placement):
-                await self.store.drop_operator(job_id, operator_id)
+                candidates.append((mine, placement))
+        if not candidates:
+            return
+        await self.routing.refresh()
+        if self.routing.epoch != epoch:
+            log.info("hand-back deferred: the routing epoch moved from %d to %d during the pass",
+                     epoch, self.routing.epoch)
+            self.notify()
+            return
+        for mine, placement in candidates:
+            if await self.store.drop_operator(mine.job_id, mine.operator_id,
+                                              unless_changed_from=mine):
                 self.figures.operators_handed_back += 1
-                log.info("handed %s back to %s", operator_id, ", ".join(placement))
+                log.info("handed %s back to %s", mine.operator_id, ", ".join(placement))
+            else:
+                log.info("hand-back of %s deferred: it was written after the replicas were "
+                         "compared", mine.operator_id)
 
     async def clean_ended_jobs(self) -> int:
         """Deletes every job the scheduler lists as cancelled or failed."""
@@ -353,12 +384,14 @@ class ReplicaSync:
         if left:
             log.info("retiring: %d operators not yet held by their replicas", len(left))
             return
+        self.staying.clear()
         try:
             await self.scheduler.Deregister(
                 scheduler_pb2.DeregisterRequest(node_id=self.node_id,
                                                 incarnation=self.incarnation()),
                 timeout=rpc.CONTROL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
+            self.staying.set()
             log.warning("deregistering failed: %s; will retry", from_rpc_error(exc))
             return
         log.info("retired: every operator is held by its replicas; leaving the cluster")

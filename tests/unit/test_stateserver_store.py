@@ -229,5 +229,24 @@ async def test_holdings_copy_marks_and_drop(store: SnapshotStore) -> None:
             for r in chunk]
     assert rows == [("b", "2", 15)]
     assert await store.job_ids() == [JOB]
-    await store.drop_operator(JOB, op)
+    assert await store.drop_operator(JOB, op) is True
     assert await store.holdings(JOB) == [] and await read_all(store, JOB) == []
+
+
+async def test_hand_back_never_drops_a_write_it_did_not_compare(store: SnapshotStore) -> None:
+    """A replica compares its holdings with the others', then drops its copy.
+    A window, a row or a state window stored in between (a writer with an
+    older routing table still counts this replica in its quorum) keeps the
+    copy: the drop is checked in the deleting transaction."""
+    await store.put_snapshot(meta_for(b"one", 1), b"one")
+    [compared] = await store.holdings(JOB)
+    await store.put_snapshot(meta_for(b"two", 2), b"two")
+    assert await store.drop_operator(JOB, OP, unless_changed_from=compared) is False
+    latest = await store.get_latest_snapshot(JOB, OP)
+    assert latest is not None and latest.meta.window == 2
+    [compared] = await store.holdings(JOB)
+    await store.write_results(JOB, [("k", "v")], operator_id=OP, epoch=1, version=5)
+    assert await store.drop_operator(JOB, OP, unless_changed_from=compared) is False
+    [compared] = await store.holdings(JOB)
+    assert await store.drop_operator(JOB, OP, unless_changed_from=compared) is True
+    assert await store.holdings(JOB) == []
