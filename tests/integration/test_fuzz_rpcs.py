@@ -182,6 +182,24 @@ def test_random_well_formed_messages_from_a_stranger(cluster: LocalCluster, data
     assert code not in FORBIDDEN, (method.path, method.request.FromString(payload), code)
 
 
+MEMBER_POWERS = {"/gridstream.v1.Scheduler/Register", "/gridstream.v1.Scheduler/SetTrackerCount"}
+"""Calls a member may legitimately make to change the cluster (admit a member at
+any address, resize the trackers): fuzzing them as a member would change the
+cluster on purpose, not find a fault."""
+
+MEMBER_METHODS = [m for m in METHODS if m.path not in MEMBER_POWERS]
+
+
+@FUZZ
+@given(data=st.data(), method=st.sampled_from(MEMBER_METHODS))
+def test_random_well_formed_messages_from_a_member(cluster: LocalCluster, data: st.DataObject,
+                                                   method: Method) -> None:
+    """Past authentication: every field check and servicer sees the message."""
+    payload = data.draw(messages(method.request))
+    code = call(cluster, method, payload, member=True)
+    assert code not in FORBIDDEN, (method.path, method.request.FromString(payload), code)
+
+
 async def test_after_the_fuzzing_nothing_restarted_and_a_job_gives_the_reference(
         cluster: LocalCluster) -> None:
     assert all(m.alive() and m.restarts == 0 for m in cluster.members.values())

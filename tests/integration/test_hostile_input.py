@@ -513,8 +513,6 @@ async def test_plaintext_binds_loopback_unless_the_network_is_trusted(tmp_path: 
 
 
 async def test_row14_metrics_bind_loopback_whatever_the_service_binds(tmp_path: Path) -> None:
-    docs = await asyncio.to_thread((REPO_ROOT / "docs" / "security.md").read_text)
-    assert "/metrics" in docs and "metrics_host" in docs
     process = start_stateserver(tmp_path, "--host", "0.0.0.0", env=PLAINTEXT_NETWORK)
     try:
         fields = await ready_or_exit(process, tmp_path / "ready.json")
@@ -529,6 +527,8 @@ async def test_row14_metrics_bind_loopback_whatever_the_service_binds(tmp_path: 
                 socket.create_connection((other, int(port)), timeout=5).close()
     finally:
         stop(process)
+    docs = await asyncio.to_thread((REPO_ROOT / "docs" / "security.md").read_text)
+    assert "/metrics" in docs and "metrics_host" in docs
 
 
 async def test_no_process_restarted_or_died(cluster: LocalCluster) -> None:
