@@ -257,7 +257,7 @@ class Row:
 def summarise(results: list[Run], order: list[System]) -> list[Row]:
     """Medians per (workload, system) over the rounds that passed, and
     gridstream's ratios against each other row (see the module docstring)."""
-    rows = []
+    rows: list[Row] = []
     for workload in WORKLOADS:
         by_name: dict[str, Row] = {}
         for system in order:

@@ -61,8 +61,10 @@ def run(flow: Dataflow, args: argparse.Namespace, sink_path: Path) -> None:
     else:
         cli_main(flow, workers_per_process=args.workers, epoch_interval=DEFAULT_EPOCH)
     result: dict[str, Any] = {}
-    with sink_path.open() as lines:
-        for line in lines:
-            key, value = json.loads(line)
-            result[key] = value
+    # FileSink creates its file with the first item: no file, no results.
+    if sink_path.exists():
+        with sink_path.open() as lines:
+            for line in lines:
+                key, value = json.loads(line)
+                result[key] = value
     write_result(args.output, result)

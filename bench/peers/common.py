@@ -92,7 +92,11 @@ def arguments(description: str, extra: Callable[[argparse.ArgumentParser], None]
     parser.add_argument("--stats", type=Path, required=True, help="stats file (JSON)")
     if extra is not None:
         extra(parser)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if not args.input.is_file():
+        # Some sources read a missing file as an empty stream; fail instead.
+        parser.error(f"no data file {args.input}")
+    return args
 
 
 def read_lines(path: Path) -> Iterator[str]:

@@ -25,7 +25,7 @@ def main() -> None:
     args = arguments((__doc__ or "").split("\n\n")[0], add_arguments)
     fn = user_functions()
 
-    @pw.reducers.stateful_single
+    @pw.reducers.stateful_single  # type: ignore[untyped-decorator]
     def counted(state: int | None, word: Any) -> int:
         """The user's ``count``, with Pathway's empty state (None) as 0."""
         return int(fn.count(0 if state is None else state, word))
