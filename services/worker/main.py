@@ -21,6 +21,7 @@ from gridstream.service import (
     write_ready_file,
 )
 from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
+from services.worker.looplag import LoopLagMonitor
 from services.worker.node import WorkerNode
 from services.worker.peers import Channels
 from services.worker.server import WorkerServicer
@@ -82,6 +83,8 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
                                 node.fence, heartbeat_fields=node.heartbeat_fields)
             agent_task = group.create_task(agent.run(), name="heartbeats")
             trackers_task = group.create_task(node.trackers.run(), name="trackers")
+            lag = group.create_task(LoopLagMonitor(config.cluster.heartbeat_interval_s).run(),
+                                    name="event loop lag")
             metrics_address = metrics.start(config.worker.metrics_host,
                                             config.worker.metrics_port, node.metrics)
             log.info("worker %s serving on %s (pid %d)", node_id, address, os.getpid())
@@ -92,6 +95,7 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
             await host.stop(grace_s=5.0)
             agent_task.cancel()
             trackers_task.cancel()
+            lag.cancel()
             await node.close()
             await agent.close()
     finally:

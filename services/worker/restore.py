@@ -27,7 +27,7 @@ from gridstream import codec
 from gridstream.errors import GridstreamError
 from gridstream.ids import first_window
 from gridstream.retry import retry
-from services.worker.queues import LostRange
+from services.worker.queues import JobContainer, LostRange
 from services.worker.snapshots import apply_stored
 
 if TYPE_CHECKING:
@@ -41,6 +41,24 @@ def _warn(operator_id: str) -> Callable[[BaseException, int], None]:
         log.warning("%s: reading the latest snapshot failed (%s, attempt %d); retrying",
                     operator_id, exc, attempt)
     return warn
+
+
+def relink_sequences(container: JobContainer, offset: int,
+                     in_sequences: dict[str, int]) -> None:
+    """Gives the restored entries from ``offset`` on the channel sequence
+    before each (a log copy does not carry it), walking forward from the
+    snapshot's ``in_sequences``; a channel the snapshot does not name falls
+    back to what the sender said it sent before (``previous_sequence``).
+
+    The next window's header computes its input sequences from these
+    (:meth:`JobContainer.sequences_below`): without them it forgot every
+    channel with a batch after its offset, and the owner after the next
+    failover took the batches below for lost (a false DATA LOSS that made
+    ``drain()`` fail)."""
+    last = dict(in_sequences)
+    for entry in container.entries(offset, container.next_offset):
+        entry.channel_sequence_before = last.get(entry.channel) or entry.previous_sequence
+        last[entry.channel] = max(last.get(entry.channel, 0), entry.sequence)
 
 
 async def restore_task(runner: TaskRunner) -> bool:
@@ -82,6 +100,7 @@ async def restore_task(runner: TaskRunner) -> bool:
         if gap is not None:
             offset = base
         runner.container.restore(base, merged, entries, offset)
+        relink_sequences(runner.container, offset, in_sequences)
         if gap is not None:
             # Every copy that held these offsets is gone: name them.
             lost = LostRange("<log>", gap[0], gap[1], "offsets")

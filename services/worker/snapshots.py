@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -160,10 +161,19 @@ async def pack_changes(changes: StateDelta, chunk_entries: int = PACK_CHUNK_ENTR
     return chunks
 
 
+FREEZE_AFTER_ENTRIES = 50_000
+"""A restore applying this many keys or more ends with ``gc.freeze()``."""
+
+
 async def apply_stored(chain: OperatorChain, stored: StoredState) -> int:
     """Applies a stored state (a whole state, then deltas) to ``chain``, one
     chunk at a time with the loop let through between; returns the entries
-    applied."""
+    applied.
+
+    A large restored state lives as long as the task, so it is moved out of
+    the cyclic collector's sight (``gc.freeze()``): otherwise every full
+    collection walks millions of objects again and holds the loop for up to
+    a second, long enough to delay heartbeats."""
     applied = 0
     for window in stored.windows:
         if window.parent is None:
@@ -173,6 +183,8 @@ async def apply_stored(chain: OperatorChain, stored: StoredState) -> int:
             await asyncio.sleep(0)
     for touched in chain.touched.values():
         touched.clear()
+    if applied >= FREEZE_AFTER_ENTRIES:
+        gc.freeze()
     return applied
 
 

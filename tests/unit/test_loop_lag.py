@@ -1,0 +1,46 @@
+"""The worker's event-loop lag monitor names a stall with its size."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from services.worker.looplag import LoopLagMonitor
+
+
+def hold_loop(seconds: float) -> None:
+    """Computes for ``seconds`` without yielding, like a step that holds the loop."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+async def test_a_stall_is_measured_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    monitor = LoopLagMonitor(heartbeat_interval_s=0.25, tick_s=0.01, period_s=0.2)
+    caplog.set_level(logging.INFO, logger="services.worker.looplag")
+    task = asyncio.create_task(monitor.run())
+    await asyncio.sleep(0.05)
+    assert monitor.worst_s < 0.25  # the monitor is running and nothing stalled yet
+    hold_loop(0.3)  # a step that holds the loop
+    await asyncio.sleep(0.05)  # the monitor's next tick (due during the stall) measures it
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert 0.25 <= monitor.worst_s < 1.0
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING
+                and "event loop lag: worst" in r.getMessage()]
+    assert warnings, caplog.text
+
+
+def test_small_lateness_is_not_reported(caplog: pytest.LogCaptureFixture) -> None:
+    monitor = LoopLagMonitor(heartbeat_interval_s=0.25, report_s=0.05)
+    caplog.set_level(logging.INFO, logger="services.worker.looplag")
+    monitor.observe(0.01)
+    monitor.report()
+    monitor.observe(0.08)
+    monitor.report()
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
+    assert monitor.worst_s == 0.08 and monitor.period_worst_s == 0.0
