@@ -320,12 +320,16 @@ class Client:
                 *(self._send_partition(job_id, p, per_partition[p]) for p in order),
                 return_exceptions=True,
             )
-        self._raise_partial(job_id, dict(zip(order, outcomes, strict=True)))
+        self._raise_partial(job_id, dict(zip(order, outcomes, strict=True)),
+                            restart_safe=producer is not None)
         return total
 
-    def _raise_partial(self, job_id: str, outcomes: dict[int, BaseException | None]) -> None:
+    def _raise_partial(self, job_id: str, outcomes: dict[int, BaseException | None],
+                       restart_safe: bool = False) -> None:
         """Raises one error that names what became of every partition, once
-        every partition's pushes have finished."""
+        every partition's pushes have finished. A restart-safe send holds
+        nothing: its caller sends the same records again, and what had
+        arrived counts once."""
         failures = {p: r for p, r in outcomes.items() if isinstance(r, BaseException)}
         if not failures:
             return
@@ -338,11 +342,17 @@ class Client:
         sent = tuple(p for p in outcomes if p not in failures)
         pending = tuple(p for p in failures if (job_id, p) in self._pending)
         refused = tuple(p for p in failures if p not in pending)
-        message = (f"{first} (partition {first_partition}); partitions sent in full: "
-                   f"{list(sent)}; holding what was not acknowledged, which the client "
-                   "pushes again with the same sequences on the next send or flush (do not "
-                   f"resend): {list(pending)}; "
-                   f"refused (nothing of their unsent batches appended): {list(refused)}")
+        if restart_safe:
+            message = (f"{first} (partition {first_partition}); partitions sent in full: "
+                       f"{list(sent)}; not sent in full: {sorted(failures)}; send the same "
+                       "records again with the same producer and first_sequence (what "
+                       "arrived counts once)")
+        else:
+            message = (f"{first} (partition {first_partition}); partitions sent in full: "
+                       f"{list(sent)}; holding what was not acknowledged, which the client "
+                       "pushes again with the same sequences on the next send or flush (do "
+                       f"not resend): {list(pending)}; "
+                       f"refused (nothing of their unsent batches appended): {list(refused)}")
         error = type(first)(message)
         error.sent_partitions = sent
         error.pending_partitions = pending

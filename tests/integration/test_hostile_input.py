@@ -409,6 +409,14 @@ async def test_partial_failure_names_the_partitions_sent(client: Client) -> None
     assert await client.results(job_id) == {w: 1 for w in words}
 
 
+async def test_a_restart_safe_partial_failure_says_to_send_again(client: Client) -> None:
+    job_id = await client.submit(wordcount.job())
+    with pytest.raises(ResourceExhausted, match="send the same records again") as info:
+        await client.send(job_id, ["a", "y" * (20 * 1024 * 1024)], keys=["a", "big"],
+                          producer="again", first_sequence=1)
+    assert info.value.sent_partitions == (partition_for_key("a", PARTITIONS),)
+
+
 async def test_restart_safe_unkeyed_sends_choose_the_same_partitions(
         cluster: LocalCluster) -> None:
     lines = [f"l{i} common" for i in range(300)]
