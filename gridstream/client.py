@@ -189,11 +189,22 @@ class Client:
     async def drain(self, job_id: str, timeout_s: float = 300.0,
                     poll_s: float = 0.1) -> scheduler_pb2.JobProgress:
         """Waits until every record accepted so far is processed and its results
-        are durable (two consecutive drained reports with the same counters)."""
+        are durable (two consecutive drained reports with the same counters).
+        A scheduler that cannot be reached meanwhile (restarting, say) is asked
+        again until the deadline, which then names the last error."""
         deadline = time.monotonic() + timeout_s
         previous: tuple[int, ...] | None = None
         while True:
-            progress = await self.progress(job_id)
+            try:
+                progress = await self.progress(job_id)
+            except (Unavailable, DeadlineExceeded) as exc:
+                if time.monotonic() > deadline:
+                    raise DeadlineExceeded(
+                        f"job {job_id} did not drain within {timeout_s:.0f}s; the scheduler "
+                        f"could not be asked: {exc}") from None
+                previous = None
+                await asyncio.sleep(max(poll_s, 0.25))
+                continue
             totals = tuple(
                 itertools.chain.from_iterable(
                     (t.records_in, t.records_processed, t.records_out) for t in progress.tasks

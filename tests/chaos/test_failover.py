@@ -130,3 +130,17 @@ async def test_scheduler_kill_does_not_stop_the_data_path(cluster: LocalCluster,
     await client.send(job_id, lines[25_000:])
     await client.drain(job_id)
     assert await client.results(job_id) == wordcount.reference(lines)
+
+
+async def test_a_drain_outlives_a_scheduler_restart(cluster: LocalCluster,
+                                                    client: Client) -> None:
+    # drain() asked while the scheduler is down (and while it restarts) keeps
+    # asking until its deadline instead of failing at the first refusal.
+    lines = wordcount.generate(10_000, seed=14)
+    job_id = await client.submit(wordcount.job())
+    await wait_healthy(client, job_id, workers=3, timeout_s=30)
+    await client.send(job_id, lines)
+    cluster.kill("scheduler")
+    await client.drain(job_id, timeout_s=60)
+    assert cluster.members["scheduler"].restarts >= 1
+    assert await client.results(job_id) == wordcount.reference(lines)
