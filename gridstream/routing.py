@@ -3,31 +3,54 @@
 Workers route shuffled records themselves, so the scheduler stays off the
 data path. The table is refreshed when a heartbeat reports a newer epoch, when
 a Push names a newer epoch, and when a peer refuses a batch as misrouted.
+
+Requests name epochs their senders chose, so a fetch is never one per call:
+callers that asked while a fetch was under way share it, fetches begin at
+least :data:`REFRESH_INTERVAL_S` apart, and a request naming an epoch still
+ahead of the scheduler's after a fetch is refused (:meth:`RoutingView.reach`).
+A member that learned a newer epoch first is still answered from the newer
+table, at most one interval late.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 
 import grpc
 
 from gridstream import rpc
-from gridstream.errors import from_rpc_error
+from gridstream.errors import FailedPrecondition, from_rpc_error
 from gridstream.placement import ReplicaSet
 from gridstream.ring import HashRing
 from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
+REFRESH_INTERVAL_S = 0.1
+"""Least time between the starts of two fetches of the table by one process:
+however many calls name a newer epoch, the scheduler sees at most ten
+fetches a second from each member."""
+
 
 class RoutingView:
     """Owners of partitions, member addresses and state servers at one epoch."""
 
-    def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub, virtual_nodes: int) -> None:
+    def __init__(self, stub: scheduler_pb2_grpc.SchedulerStub, virtual_nodes: int,
+                 min_interval_s: float = REFRESH_INTERVAL_S) -> None:
         self._stub = stub
         self._virtual_nodes = virtual_nodes
         self._lock = asyncio.Lock()
+        self._min_interval_s = min_interval_s
+        self._began = -math.inf
+        """When the last fetch began (monotonic), whatever its outcome."""
+        self._answered = -math.inf
+        """When the last fetch that succeeded began: it answers every caller
+        that asked before then."""
+        self.fetches = 0
+        """Fetches begun: what callers naming epochs cost the scheduler."""
         self.epoch = 0
         self.table = scheduler_pb2.RoutingTable()
         self.owners: dict[str, list[str]] = {}
@@ -41,19 +64,50 @@ class RoutingView:
 
     async def refresh(self, at_least: int = 0) -> scheduler_pb2.RoutingTable:
         """Fetches the table unless one at ``at_least`` or newer is already here.
-        Concurrent callers share one fetch."""
+
+        Concurrent callers share one fetch: a caller that finds, once it holds
+        the lock, that a fetch begun after it asked has succeeded takes that
+        table (it is as new as anything the caller could have been told).
+        Two fetches begin at least ``min_interval_s`` apart, so callers naming
+        epochs the cluster does not have cannot turn each call into a fetch."""
+        asked = time.monotonic()
         async with self._lock:
             if at_least and self.epoch >= at_least:
                 return self.table
+            if self._answered >= asked:
+                return self.table
+            delay = self._began + self._min_interval_s - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)  # spacing fetches, not waiting for readiness
+            began = self._began = time.monotonic()
+            self.fetches += 1
             try:
                 table = await self._stub.GetRoutingTable(
                     scheduler_pb2.GetRoutingTableRequest(), timeout=rpc.CONTROL_TIMEOUT_S
                 )
             except grpc.aio.AioRpcError as exc:
                 raise from_rpc_error(exc, "fetching the routing table") from None
+            self._answered = began
             if table.epoch >= self.epoch:
                 self._apply(table)
             return self.table
+
+    def check_reached(self, epoch: int, what: str) -> None:
+        """Refuses a request naming an epoch ahead of the table here, once the
+        table has been refreshed for it: the scheduler has no such epoch, and
+        asking it again per call would let the sender multiply the
+        scheduler's load."""
+        if epoch > self.epoch:
+            raise FailedPrecondition(
+                f"{what} names routing epoch {epoch}, ahead of the cluster's ({self.epoch}); "
+                "use the epoch of a routing table from the scheduler (nothing was done)")
+
+    async def reach(self, epoch: int, what: str) -> None:
+        """Makes the table here at least as new as a request's ``epoch`` (one
+        shared, spaced fetch), or refuses the request as ahead of the cluster."""
+        if epoch > self.epoch:
+            await self.refresh(at_least=epoch)
+        self.check_reached(epoch, what)
 
     def _apply(self, table: scheduler_pb2.RoutingTable) -> None:
         self.table = table

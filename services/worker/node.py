@@ -277,8 +277,7 @@ class WorkerNode:
     ) -> worker_pb2.TrackingEventsResponse:
         """Hands a tracker's events to this worker's tasks of the job and, for a
         rebuild, sums their contributions."""
-        if request.epoch > self.routing.epoch:
-            await self.routing.refresh(at_least=request.epoch)
+        await self.routing.reach(request.epoch, f"tracking events of job {request.job_id}")
         runtime = self.jobs.get(request.job_id)
         if runtime is None:
             return worker_pb2.TrackingEventsResponse(complete=True)

@@ -10,6 +10,7 @@ from gridstream.auth import caller_is_member
 from gridstream.errors import (
     GridstreamError,
     InvalidArgument,
+    NotFound,
     PermissionDenied,
     ResourceExhausted,
     StaleEpoch,
@@ -24,6 +25,7 @@ from gridstream.validation import (
     check_id,
     check_nesting,
     check_path_id,
+    short,
 )
 from services.worker.node import WorkerNode
 from services.worker.queues import ContainerClosed
@@ -73,6 +75,22 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 f"job {job_id} has {len(runtime.tasks)} tasks and {runtime.spec.partitions} "
                 f"partitions, not task {task} partition {partition} (nothing was done)")
 
+    async def _check_listed(self, job_id: str, what: str) -> None:
+        """Refuses a member's call for a job the routing table does not list,
+        so no backup copy, fence or tracking table is kept for a job that does
+        not exist. A worker may hear of a job from its peers before it has
+        deployed it (a backup, a tracker host), so the test is the table, not
+        the deployed jobs; the table is fetched again first (one shared,
+        spaced fetch) in case this worker's copy is behind."""
+        routing = self.node.routing
+        if job_id in routing.owners:
+            return
+        await routing.refresh()
+        if job_id not in routing.owners:
+            raise NotFound(
+                f"job {short(job_id)} is not in the routing table (epoch {routing.epoch}); "
+                f"{what} refused, nothing was kept")
+
     @servicer_method
     async def Push(
         self, request: worker_pb2.PushRequest, context: grpc.aio.ServicerContext
@@ -110,6 +128,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             runner = await self.node.runner_for(
                 request.job_id, segment.task, segment.partition, request.epoch
             )
+            # runner_for fetched the table if the epoch was newer: one fetch
+            # per push, and an epoch still ahead is refused, not fetched again.
+            self.node.routing.check_reached(request.epoch, f"segment {i}")
             decoded.append((runner, segment, keys, values))
         if request.sender:
             self.node.check_sender(request.job_id, request.sender, request.epoch,
@@ -180,7 +201,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise InvalidArgument("job_id and primary must be set")
         check_id(request.job_id, "job_id")
         check_id(request.primary, "primary")
+        await self._check_listed(request.job_id, "replication")
         self._check_container(request.job_id, request.task, request.partition)
+        await self.node.routing.reach(request.epoch, "replication")
         return worker_pb2.ReplicateResponse(next_offset=self.node.backups.replicate(request))
 
     @servicer_method
@@ -189,7 +212,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> None:
         """Streams a container's committed log to its new owner."""
         check_id(request.job_id, "job_id")
+        await self._check_listed(request.job_id, "log fetch")
         self._check_container(request.job_id, request.task, request.partition)
+        if request.epoch > self.node.routing.epoch:
+            await self.node.catch_up(request.epoch)  # fetch_container would do it
+        self.node.routing.check_reached(request.epoch, "log fetch")
         try:
             chunks = await self.node.fetch_container(
                 (request.job_id, request.task, request.partition), request.epoch
@@ -223,6 +250,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if len(request.roots) % 8 or len(request.roots) != len(request.values):
             raise InvalidArgument("roots and values must be little-endian uint64 arrays of "
                                   "the same length; nothing applied")
+        await self._check_listed(request.job_id, "tracking report")
         held = await self.node.trackers.track(request)
         return worker_pb2.TrackResponse(roots_held=held)
 

@@ -161,8 +161,7 @@ class TrackerHost:
 
     async def track(self, request: worker_pb2.TrackRequest) -> int:
         """Applies one report (or a rebuild request); the roots held for the job."""
-        if request.epoch > self.routing.epoch:
-            await self.routing.refresh(at_least=request.epoch)
+        await self.routing.reach(request.epoch, f"a tracking report of job {request.job_id}")
         layout = self.layout()
         roots, values = unpack(request.roots), unpack(request.values)
         tracker = request.tracker

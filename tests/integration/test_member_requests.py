@@ -6,6 +6,8 @@ cluster secret (this process started the cluster, as ``gridstream up`` does)."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
@@ -19,6 +21,7 @@ from gridstream.client import Client
 from gridstream.config import ClusterConfig, Config
 from gridstream.examples import wordcount
 from gridstream.local import LocalCluster
+from gridstream.routing import REFRESH_INTERVAL_S
 from gridstream.v1 import (
     scheduler_pb2,
     scheduler_pb2_grpc,
@@ -32,6 +35,10 @@ pytestmark = pytest.mark.integration
 
 PARTITIONS = 2
 TOO_BIG = 2**64 - 1
+AHEAD = 2**62
+"""An epoch within range but far ahead of any the cluster will reach."""
+GHOST = "ghost-0123456789abcdef"
+"""A job id no one submitted."""
 CALL_TIMEOUT_S = 10.0
 
 
@@ -121,6 +128,102 @@ async def test_state_writes_with_a_huge_checksum_or_a_path_for_an_id(
         await refused(stub.ReadOperator(stateserver_pb2.ReadOperatorRequest(
             job_id=job_id, operator_id=f"{job_id}/t1/p0", after_version=TOO_BIG),
             timeout=CALL_TIMEOUT_S).read(), "after_version")
+
+
+def routing_fetches(cluster: LocalCluster) -> int:
+    """Tables the worker has fetched so far: it logs each one it applies, and
+    it applies every fetched table (the scheduler's epoch never goes back)."""
+    return cluster.members["worker-1"].log_path.read_text().count("routing table epoch")
+
+
+async def refused_with(call: Any, code: grpc.StatusCode, text: str) -> str:
+    """Awaits a call (or drains a stream) that must fail with ``code`` naming ``text``."""
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        if hasattr(call, "__aiter__"):
+            async for _ in call:
+                pass
+        else:
+            await call
+    details = info.value.details() or ""
+    assert info.value.code() == code, (info.value.code(), details)
+    assert text in details, details
+    return details
+
+
+async def test_pushes_naming_an_epoch_ahead_of_the_cluster_cost_one_fetch_each_interval(
+        cluster: LocalCluster) -> None:
+    """A client choosing the epoch of its pushes must not make the worker ask
+    the scheduler for the table once per push; the push is refused, saying why."""
+    async with Client(cluster.scheduler_address) as client:
+        job = await client.submit(wordcount.job())
+        await client._routing(job, refresh=True)
+        epoch = int(client._table.epoch)
+    batch = codec.encode_batch(["ahead ahead"])
+    async with grpc.aio.insecure_channel(cluster.members["worker-1"].address) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)  # a client: no cluster secret
+
+        def push(n: int) -> Any:
+            return stub.Push(worker_pb2.PushRequest(
+                job_id=job, epoch=AHEAD + n, segments=[worker_pb2.Segment(
+                    task=0, partition=0, channel=f"src/ahead-{n}", sequence=1, batch=batch)]),
+                timeout=CALL_TIMEOUT_S)
+
+        before, began = routing_fetches(cluster), time.monotonic()
+        details = await asyncio.gather(*(refused_with(
+            push(n), grpc.StatusCode.FAILED_PRECONDITION, "ahead of the cluster's")
+            for n in range(40)))
+        for n in range(10):
+            await refused_with(push(n), grpc.StatusCode.FAILED_PRECONDITION,
+                               f"epoch {AHEAD + n}, ahead of the cluster's ({epoch})")
+        elapsed = time.monotonic() - began
+        fetches = routing_fetches(cluster) - before
+        assert fetches <= elapsed / REFRESH_INTERVAL_S + 2, (fetches, elapsed)
+        assert fetches < 50 // 2, (fetches, elapsed)
+        assert "nothing was done" in details[0], details[0]
+        # The epoch the scheduler gave is taken as before.
+        await stub.Push(worker_pb2.PushRequest(job_id=job, epoch=epoch, segments=[
+            worker_pb2.Segment(task=0, partition=0, channel="src/now", sequence=1,
+                               batch=codec.encode_batch(["now"]))]), timeout=CALL_TIMEOUT_S)
+    async with Client(cluster.scheduler_address) as client:
+        await client.drain(job, timeout_s=60)
+        assert await client.results(job) == {"now": 1}
+
+
+async def test_member_calls_naming_an_epoch_ahead_of_the_cluster_are_refused(
+        worker: worker_pb2_grpc.WorkerStub, job_id: str) -> None:
+    """Replication would fence the real primary out, a log fetch would fence
+    the copy: an epoch no table has is refused before either."""
+    ahead = grpc.StatusCode.FAILED_PRECONDITION
+    text = f"routing epoch {AHEAD}, ahead of the cluster's"
+    await refused_with(worker.Replicate(worker_pb2.ReplicateRequest(
+        job_id=job_id, task=0, partition=0, epoch=AHEAD, primary="worker-9", reset=True),
+        timeout=CALL_TIMEOUT_S), ahead, text)
+    await refused_with(worker.FetchContainer(worker_pb2.FetchContainerRequest(
+        job_id=job_id, task=0, partition=0, epoch=AHEAD), timeout=CALL_TIMEOUT_S), ahead, text)
+    await refused_with(worker.Track(worker_pb2.TrackRequest(
+        job_id=job_id, tracker=0, epoch=AHEAD), timeout=CALL_TIMEOUT_S), ahead, text)
+    await refused_with(worker.TrackingEvents(worker_pb2.TrackingEventsRequest(
+        job_id=job_id, epoch=AHEAD), timeout=CALL_TIMEOUT_S), ahead, text)
+
+
+async def test_replication_tracking_and_log_fetch_of_a_job_no_table_lists(
+        worker: worker_pb2_grpc.WorkerStub, job_id: str) -> None:
+    """A backup or tracker host keeps state for what peers send it; for a job
+    the routing table does not list, that state would never be dropped."""
+    missing = grpc.StatusCode.NOT_FOUND
+    text = f"job {GHOST!r} is not in the routing table"
+    await refused_with(worker.Replicate(worker_pb2.ReplicateRequest(
+        job_id=GHOST, task=0, partition=0, epoch=1, primary="worker-1", reset=True),
+        timeout=CALL_TIMEOUT_S), missing, text)
+    await refused_with(worker.Track(worker_pb2.TrackRequest(
+        job_id=GHOST, tracker=0, epoch=1), timeout=CALL_TIMEOUT_S), missing, text)
+    await refused_with(worker.FetchContainer(worker_pb2.FetchContainerRequest(
+        job_id=GHOST, task=0, partition=0, epoch=1), timeout=CALL_TIMEOUT_S), missing, text)
+    # A job the table lists is still served (a backup may hear of a job
+    # before it deploys it).
+    reply = await worker.Track(worker_pb2.TrackRequest(job_id=job_id, tracker=0, epoch=1),
+                               timeout=CALL_TIMEOUT_S)
+    assert reply.roots_held == 0
 
 
 async def test_afterwards_the_job_gives_the_reference_and_nothing_restarted(
