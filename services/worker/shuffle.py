@@ -15,10 +15,24 @@ from typing import Any
 import xxhash
 
 from gridstream.ids import key_text
-from services.worker.operators import DeadLetter, check_key
+from services.worker.operators import DeadLetter, check_key, record_text, safe_text
 from services.worker.peers import OutSegment, PeerRouter
 
 _CACHE_LIMIT = 200_000
+_PLAIN_KEYS = (str, int, bytes)
+
+
+def _plain_key(key: Any) -> Any:
+    """A key function's result as a plain str, int or bytes: a subclass's own
+    hashing or repr (which may raise) never runs in gridstream's routing."""
+    if type(key) in _PLAIN_KEYS:
+        return key
+    if not check_key(key):
+        raise TypeError(f"key function returned {type(key).__name__}; "
+                        "keys must be str, int or bytes")
+    if isinstance(key, str):
+        return str.__str__(key)
+    return int(key) if isinstance(key, int) else bytes(key)
 
 
 class Shuffle:
@@ -52,7 +66,7 @@ class Shuffle:
         key_fn = self.key_fn
         try:
             keys = [key_fn(v) for v in values]
-            if all(type(k) is str for k in keys) or all(check_key(k) for k in keys):
+            if all(type(k) is str for k in keys) or all(type(k) in _PLAIN_KEYS for k in keys):
                 return keys, values
         except Exception:
             pass
@@ -60,13 +74,11 @@ class Shuffle:
         out_v: list[Any] = []
         for i, v in enumerate(values):
             try:
-                k = key_fn(v)
-                if not check_key(k):
-                    raise TypeError(f"key function returned {type(k).__name__}; "
-                                    "keys must be str, int or bytes")
+                k = _plain_key(key_fn(v))
             except Exception as exc:
+                error = f"{type(exc).__name__}: {safe_text(exc)}"[:1000]
                 dead.append((f"{batch_id}:{self.dest_stage}.key:{i}", self.dest_stage,
-                             repr(v)[:1000], f"{type(exc).__name__}: {exc}"[:1000]))
+                             record_text(None, v), error))
                 continue
             out_k.append(k)
             out_v.append(v)
