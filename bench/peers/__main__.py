@@ -254,17 +254,29 @@ class Row:
     against: str = ""
 
 
+def _paired_ratio(numerator: list[Run], denominator: list[Run],
+                  value: Callable[[Run], float]) -> float | None:
+    """Median over the rounds both passed of value(numerator) / value(denominator):
+    pairing by round is what interleaving buys, since both ran under the
+    same load."""
+    by_round = {r.round: value(r) for r in denominator if value(r)}
+    ratios = [value(r) / by_round[r.round] for r in numerator if r.round in by_round]
+    return statistics.median(ratios) if ratios else None
+
+
 def summarise(results: list[Run], order: list[System]) -> list[Row]:
     """Medians per (workload, system) over the rounds that passed, and
     gridstream's ratios against each other row (see the module docstring)."""
     rows: list[Row] = []
     for workload in WORKLOADS:
         by_name: dict[str, Row] = {}
+        passed: dict[str, list[Run]] = {}
         for system in order:
             good = [r for r in results if r.workload == workload and r.system == system.name
                     and r.ok]
             if not good:
                 continue
+            passed[system.name] = good
             by_name[system.name] = Row(
                 workload, system.name, system.fault_tolerance, len(good),
                 statistics.median(r.rate for r in good),
@@ -274,22 +286,17 @@ def summarise(results: list[Run], order: list[System]) -> list[Row]:
         for row in by_name.values():
             against = ("gridstream exactly_once" if row.fault_tolerance
                        else "gridstream at_most_once")
-            if row.system.startswith("gridstream"):
-                if row.system == "gridstream exactly_once":
-                    against = "gridstream at_most_once"
-                else:
-                    continue
-            reference = by_name.get(against)
-            if reference is None or not row.rate or not row.per_cpu:
-                continue
-            row.against = against.removeprefix("gridstream ")
+            numerator, denominator = passed.get(against, []), passed[row.system]
             if row.system == "gridstream exactly_once":
                 # Its own row: exactly-once over at-most-once, the cost of the guarantee.
-                row.rate_ratio = row.rate / reference.rate
-                row.cpu_ratio = row.per_cpu / reference.per_cpu
-            else:
-                row.rate_ratio = reference.rate / row.rate
-                row.cpu_ratio = reference.per_cpu / row.per_cpu
+                against = "gridstream at_most_once"
+                numerator, denominator = passed[row.system], passed.get(against, [])
+            elif row.system.startswith("gridstream"):
+                continue
+            row.rate_ratio = _paired_ratio(numerator, denominator, lambda r: r.rate)
+            row.cpu_ratio = _paired_ratio(numerator, denominator, lambda r: r.per_cpu)
+            if row.rate_ratio is not None:
+                row.against = against.removeprefix("gridstream ")
         rows.extend(by_name.values())
     return rows
 
@@ -324,8 +331,9 @@ def table(rows: list[Row], sizes: dict[str, int], header: str) -> str:
     lines.append("gs rate x / gs rec/CPU x: gridstream's records/s and records per CPU-second "
                  "divided by the row's,\n  exactly_once against fault tolerance on, "
                  "at_most_once against off; on gridstream's own exactly_once row,\n"
-                 "  exactly_once over at_most_once. Peak MB: the largest over the rounds of "
-                 "the sum of the\n  processes' peak RSS. Medians of the rounds that passed.")
+                 "  exactly_once over at_most_once; each the median of the per-round ratios.\n"
+                 "Peak MB: the largest over the rounds of the sum of the processes' peak RSS. "
+                 "Other figures:\n  medians of the rounds that passed.")
     return "\n".join(lines)
 
 
@@ -387,6 +395,38 @@ def plot(rows: list[Row], order: list[System], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def report(results: list[Run], order: list[System], sizes: dict[str, int], header: str,
+           out: Path, extra: dict[str, Any]) -> list[Run]:
+    """Prints the table and writes ``peers.txt``, ``peers.json`` and
+    ``peers.png`` into ``out``; returns the runs that failed."""
+    rows = summarise(results, order)
+    text = table(rows, sizes, header)
+    failures = [r for r in results if not r.ok]
+    if failures:
+        text += "\n\nFAILED RUNS:\n" + "\n".join(
+            f"  {r.workload} on {r.system}, round {r.round}: {r.failure.splitlines()[0]}"
+            for r in failures)
+    print("\n" + text, flush=True)
+    (out / "peers.txt").write_text(text + "\n")
+    (out / "peers.json").write_text(json.dumps(
+        {**extra, "header": header, "sizes": sizes, "runs": [asdict(r) for r in results],
+         "rows": [asdict(r) for r in rows]}, indent=1))
+    plot(rows, order, out / "peers.png", header)
+    print(f"\ntable: {out / 'peers.txt'}\nruns: {out / 'peers.json'}\nplot: {out / 'peers.png'}")
+    return failures
+
+
+def replot(path: Path, venvs: Path) -> None:
+    """Redraws the table and plot of an earlier run (its ``peers.json``) with
+    this driver's summary, next to that file."""
+    saved = json.loads(path.read_text())
+    results = [Run(**run) for run in saved["runs"]]
+    names = {r.system for r in results}
+    order = [s for s in systems(venvs)[0] if s.name in names]
+    extra = {k: v for k, v in saved.items() if k not in ("header", "sizes", "runs", "rows")}
+    report(results, order, saved["sizes"], saved["header"], path.parent, extra)
+
+
 def main() -> None:
     """Parses the command line, runs the rounds, prints and saves the table."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
@@ -401,7 +441,12 @@ def main() -> None:
                         help="comma-separated subset of: " + ", ".join(WORKLOADS))
     parser.add_argument("--systems", default="",
                         help="comma-separated substrings; only matching set-ups run")
+    parser.add_argument("--replot", type=Path, default=None,
+                        help="run nothing: redraw the table and plot of a peers.json")
     args = parser.parse_args()
+    if args.replot is not None:
+        replot(args.replot.expanduser().resolve(), args.venvs.expanduser())
+        return
     workloads = [w for w in args.workloads.split(",") if w]
     if unknown := set(workloads) - set(WORKLOADS):
         parser.error(f"unknown workloads {sorted(unknown)}")
@@ -431,26 +476,12 @@ def main() -> None:
                           f"{run.rate:>12,.0f} {UNITS[workload]}/s  {run.cpu_seconds:7.2f} CPU-s "
                           f"{run.per_cpu:>11,.0f}/CPU-s  {run.peak_rss_bytes / 2**20:7,.0f} MB"
                           "  result MATCH", flush=True)
-    rows = summarise(results, order)
-    cores = os.cpu_count()
     header = (f"gridstream vs peers, {started:%Y-%m-%d %H:%M} UTC, {platform.node()}, "
-              f"{cores} cores, Python {platform.python_version()}; "
+              f"{os.cpu_count()} cores, Python {platform.python_version()}; "
               f"{args.rounds} rounds; wordcount {sizes['wordcount']:,} words, "
               f"taxi {sizes['taxi']:,} records")
-    text = table(rows, sizes, header)
-    failures = [r for r in results if not r.ok]
-    if failures:
-        text += "\n\nFAILED RUNS:\n" + "\n".join(
-            f"  {r.workload} on {r.system}, round {r.round}: {r.failure.splitlines()[0]}"
-            for r in failures)
-    print("\n" + text, flush=True)
-    (out / "peers.txt").write_text(text + "\n")
-    (out / "peers.json").write_text(json.dumps(
-        {"header": header, "sizes": sizes, "rounds": args.rounds,
-         "started": started.isoformat(), "runs": [asdict(r) for r in results],
-         "rows": [asdict(r) for r in rows]}, indent=1))
-    plot(rows, order, out / "peers.png", header)
-    print(f"\ntable: {out / 'peers.txt'}\nruns: {out / 'peers.json'}\nplot: {out / 'peers.png'}")
+    failures = report(results, order, sizes, header, out,
+                      {"rounds": args.rounds, "started": started.isoformat()})
     if failures:
         loud(f"{len(failures)} run(s) failed or did not match the reference (listed above)")
         raise SystemExit(1)
