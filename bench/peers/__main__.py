@@ -326,7 +326,7 @@ def table(rows: list[Row], sizes: dict[str, int], header: str) -> str:
             lines.append(
                 f"{r.system:<26}{'on' if r.fault_tolerance else 'off':>4}{r.runs:>5}"
                 f"{r.rate:>12,.0f}{r.cpu_seconds:>8.2f}{r.per_cpu:>11,.0f}{r.peak_mb:>9,.0f}"
-                f"{rate_ratio:>11}{cpu_ratio:>14}  {r.against}")
+                f"{rate_ratio:>11}{cpu_ratio:>14}  {r.against}".rstrip())
         lines.append("")
     lines.append("gs rate x / gs rec/CPU x: gridstream's records/s and records per CPU-second "
                  "divided by the row's,\n  exactly_once against fault tolerance on, "
