@@ -432,7 +432,7 @@ class WorkerNode:
         runner = await self.runner_for(job_id, segment.task, segment.partition, 0)
         return await runner.accept(
             segment.channel, segment.sequence, segment.keys, segment.values, timeout_s,
-            root=segment.root, previous_sequence=segment.previous_sequence,
+            segment.encoded, root=segment.root, previous_sequence=segment.previous_sequence,
         )
 
     # -- replication and handoff ----------------------------------------------

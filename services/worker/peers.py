@@ -21,7 +21,7 @@ from gridstream.errors import GridstreamError, StaleEpoch, from_rpc_error
 from gridstream.replicas import ReplicaClient
 from gridstream.retry import Backoff
 from gridstream.routing import RoutingView
-from gridstream.v1 import worker_pb2, worker_pb2_grpc
+from gridstream.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.worker.queues import ContainerClosed
 
 log = logging.getLogger(__name__)
@@ -44,17 +44,32 @@ class OutSegment:
     previous_sequence: int = 0
     """The sequence sent on this channel to this partition before, so the
     receiver can tell a gap (lost acknowledged batches) from a first batch."""
+    _batch: common_pb2.RecordBatch | None = None
     _proto: worker_pb2.Segment | None = None
 
+    def encode(self) -> common_pb2.RecordBatch:
+        """The records' wire form, encoded once (raises PayloadError for a
+        record msgpack cannot carry)."""
+        if self._batch is None:
+            self._batch = codec.encode_batch(self.values, self.keys)
+        return self._batch
+
+    @property
+    def encoded(self) -> common_pb2.RecordBatch | None:
+        """The encoded batch if it was built already (a local delivery hands it
+        to the container, so replicating it does not encode it again)."""
+        return self._batch
+
     def to_proto(self) -> worker_pb2.Segment:
-        """The wire form, built once."""
+        """The wire form, built once, when the segment is first sent (its
+        root is set by then)."""
         if self._proto is None:
             self._proto = worker_pb2.Segment(
                 task=self.task,
                 partition=self.partition,
                 channel=self.channel,
                 sequence=self.sequence,
-                batch=codec.encode_batch(self.values, self.keys),
+                batch=self.encode(),
                 root=self.root,
                 previous_sequence=self.previous_sequence,
             )

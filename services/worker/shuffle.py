@@ -14,6 +14,7 @@ from typing import Any
 
 import xxhash
 
+from gridstream.codec import PayloadError, encode_batch
 from gridstream.ids import key_text
 from services.worker.operators import DeadLetter, check_key, record_text, safe_text
 from services.worker.peers import OutSegment, PeerRouter
@@ -112,10 +113,39 @@ class Shuffle:
             for start in range(0, len(bv), size):
                 seq = self.sequences.get(p, 0) + 1
                 self.sequences[p] = seq
-                segments.append(OutSegment(self.dest_task, p, self.channel, seq,
-                                           bk[start:start + size], bv[start:start + size],
-                                           previous_sequence=seq - 1))
+                segment = OutSegment(self.dest_task, p, self.channel, seq,
+                                     bk[start:start + size], bv[start:start + size],
+                                     previous_sequence=seq - 1)
+                self._encode(segment, batch_id, dead)
+                segments.append(segment)
         return segments
+
+    def _encode(self, segment: OutSegment, batch_id: str, dead: list[DeadLetter]) -> None:
+        """Encodes a segment now, inside the batch's error handling: every
+        segment is encoded anyway (for the wire or for its backups), and a
+        record msgpack cannot carry (a set, an int over 64 bits) must go to
+        dead letters here, alone, rather than fail the delivery or the
+        replication of its batch over and over. The segment keeps its
+        sequence even if no record is left, so the channel has no gap."""
+        try:
+            segment.encode()
+            return
+        except PayloadError:
+            pass
+        keys = segment.keys or [None] * len(segment.values)
+        good_keys: list[Any] = []
+        good_values: list[Any] = []
+        for i, (key, value) in enumerate(zip(keys, segment.values, strict=True)):
+            try:
+                encode_batch([value], [key])
+            except PayloadError as exc:
+                dead.append((f"{batch_id}:{self.dest_stage}.encode:{segment.partition}:{i}",
+                             self.dest_stage, record_text(None, value), str(exc)[:1000]))
+                continue
+            good_keys.append(key)
+            good_values.append(value)
+        segment.keys, segment.values = good_keys, good_values
+        segment.encode()
 
     async def deliver(self, segments: list[OutSegment]) -> None:
         """Returns once every segment is acknowledged by its owner."""
