@@ -32,6 +32,7 @@ from gridstream.errors import DataLoss, DeadlineExceeded, GridstreamError, Unava
 from gridstream.examples import history
 from gridstream.faultproxy import FaultProxy
 from gridstream.local import LocalCluster
+from gridstream.retry import Backoff
 from gridstream.tracking.ring import tracker_hosts
 from gridstream.v1 import scheduler_pb2
 
@@ -173,10 +174,16 @@ class Sender:
 
 
 async def _dead_events(client: Client, since_wall: float) -> list[tuple[str, float]]:
-    try:
-        status = await client.status()
-    except (Unavailable, DeadlineExceeded):
-        return []
+    """(member, time) of every death the scheduler recorded since the run
+    began (a scheduler that restarted remembers only its own); an unreachable
+    scheduler is asked again for a while, then is an error, never "none"."""
+    backoff = Backoff("asking the scheduler for member events", deadline_s=30.0)
+    while True:
+        try:
+            status = await client.status()
+            break
+        except (Unavailable, DeadlineExceeded) as exc:
+            await backoff.wait(exc)
     return [(e.node_id, e.at) for e in status.events
             if e.at >= since_wall and e.new_state == DEAD]
 
@@ -243,8 +250,9 @@ async def run_history(
         run.seconds = time.monotonic() - started
         actual = await client.results(job_id)
         events = await _dead_events(client, wall_started)
-    victims = {v for f in run.faults if f.kind in WORKER_FAULTS
-               for v in f.victims}
+    # Every member a fault hit may be declared dead (a killed state server that
+    # restarts before the detector convicts it is recorded dead as restarted).
+    victims = {v for f in run.faults for v in f.victims}
     run.wrongly_convicted = sorted({n for n, _ in events if n not in victims})
     for fault, found in zip(run.faults, detections, strict=True):
         times = [t for t in found if t is not None]
