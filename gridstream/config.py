@@ -3,12 +3,15 @@
 Every key has a documented default, so an empty file (or none) runs a local
 cluster on loopback. Environment variables override the file:
 ``GRIDSTREAM_<SECTION>_<KEY>`` (e.g. ``GRIDSTREAM_CLUSTER_WINDOW_SIZE=5000``).
-A bad value fails at start with a message naming the key.
+A bad value fails at start with a message naming the key, and so does a
+``GRIDSTREAM_*`` variable that names no setting (a misspelled override would
+otherwise be ignored silently): the message names the nearest known name.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
 import math
 import os
@@ -262,6 +265,10 @@ class Config:
     log_json: bool = False
     """Log one JSON object per line instead of plain text."""
 
+    log_level: str = "INFO"
+    """Lowest level a service logs: DEBUG, INFO, WARNING or ERROR. INFO names
+    starts, stops, deploys and recoveries; DEBUG adds every routing table."""
+
     def validate(self) -> Config:
         """Checks value ranges, so a bad value fails at start and names its key."""
         checks: list[tuple[str, bool, str]] = [
@@ -302,6 +309,9 @@ class Config:
             if not _MODULE_NAME.match(module):
                 raise ConfigError(f"config key cluster.job_modules: {module!r} is not a module "
                                   "or package name (e.g. 'mycompany.jobs')")
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise ConfigError(f"config key log_level: {self.log_level!r} is not one of "
+                              f"{', '.join(LOG_LEVELS)}")
         if ":" not in self.scheduler_address:
             raise ConfigError("config key scheduler_address must be host:port")
         security = self.security
@@ -364,6 +374,22 @@ def is_loopback(host: str) -> bool:
     except ValueError:
         return False
 
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+"""Values of log_level (any case)."""
+
+ENV_PREFIX = "GRIDSTREAM_"
+
+OTHER_ENV_NAMES = frozenset({
+    "GRIDSTREAM_CRASH_POINT", "GRIDSTREAM_CRASH_ONCE_FILE", "GRIDSTREAM_HEALTH_ADDRESS",
+    "GRIDSTREAM_PARENT_PID",
+})
+"""Variables that are not settings but are read elsewhere: the fault hooks
+(gridstream.faults), the container health check's address (deploy/docker) and
+the parent a local cluster's member exits with (gridstream.service)."""
+
+OTHER_ENV_PREFIXES = ("GRIDSTREAM_FAULT_", "GRIDSTREAM_TEST_")
+"""Families of variables read elsewhere: fault hooks and test probes."""
 
 _MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -434,8 +460,15 @@ def _kind_name(kind: Any) -> str:
     return getattr(kind, "__name__", None) or "list of strings"
 
 
-def _build(cls: type[_T], prefix: str, table: Mapping[str, Any], env: Mapping[str, str]) -> _T:
-    """Builds one config dataclass from a TOML table plus environment overrides."""
+def env_name(key: str) -> str:
+    """The environment variable that overrides a dotted config key."""
+    return ENV_PREFIX + key.replace(".", "_").upper()
+
+
+def _build(cls: type[_T], prefix: str, table: Mapping[str, Any], env: Mapping[str, str],
+           origins: dict[str, str]) -> _T:
+    """Builds one config dataclass from a TOML table plus environment
+    overrides, noting in ``origins`` where each key's value came from."""
     hints = get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for name in table:
@@ -450,18 +483,62 @@ def _build(cls: type[_T], prefix: str, table: Mapping[str, Any], env: Mapping[st
             sub = table.get(f.name, {})
             if not isinstance(sub, Mapping):
                 raise ConfigError(f"config key {key} must be a table")
-            values[f.name] = _build(kind, f.name, sub, env)  # type: ignore[arg-type]
+            values[f.name] = _build(kind, f.name, sub, env, origins)  # type: ignore[arg-type]
             continue
-        env_name = "GRIDSTREAM_" + key.replace(".", "_").upper()
-        if env_name in env:
-            values[f.name] = _coerce(f"{key} (from ${env_name})", env[env_name], kind)
+        variable = env_name(key)
+        if variable in env:
+            values[f.name] = _coerce(f"{key} (from ${variable})", env[variable], kind)
+            origins[key] = f"environment ${variable}"
         elif f.name in table:
             values[f.name] = _coerce(key, table[f.name], kind)
+            origins[key] = "file"
+        else:
+            origins[key] = "default"
     return cls(**values)
+
+
+def config_keys() -> list[str]:
+    """Every dotted key of the configuration, in file order."""
+    keys: list[str] = []
+    for f in dataclasses.fields(Config):
+        value = getattr(Config(), f.name)
+        if dataclasses.is_dataclass(value):
+            keys += [f"{f.name}.{sub.name}" for sub in dataclasses.fields(value)]
+        else:
+            keys.append(f.name)
+    return keys
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    """Refuses a ``GRIDSTREAM_*`` variable that names no setting and none of
+    the variables read elsewhere, naming the nearest known one: a typo in an
+    override must not leave the default in force unnoticed."""
+    settings = {env_name(key) for key in config_keys()}
+    known = settings | OTHER_ENV_NAMES
+    for name in sorted(env):
+        if (not name.startswith(ENV_PREFIX) or name in known
+                or name.startswith(OTHER_ENV_PREFIXES)):
+            continue
+        nearest = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.0)
+        hint = f"; did you mean ${nearest[0]}?" if nearest else ""
+        raise ConfigError(f"unknown environment variable ${name}: no setting has that "
+                          f"name{hint} (settings: GRIDSTREAM_<SECTION>_<KEY>, see "
+                          "`gridstream config show`)")
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
     """Loads the configuration: defaults, then the TOML file, then environment overrides."""
+    return load_config_with_origins(path, env)[0]
+
+
+def load_config_with_origins(path: str | Path | None = None,
+                             env: Mapping[str, str] | None = None
+                             ) -> tuple[Config, dict[str, str]]:
+    """:func:`load_config`, plus where each dotted key's value came from:
+    ``"file"``, ``"environment $NAME"`` or ``"default"`` (for ``gridstream
+    config show --origin``)."""
+    environment = os.environ if env is None else env
+    check_environment(environment)
     table: dict[str, Any] = {}
     if path is not None:
         try:
@@ -471,11 +548,20 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
             raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-    return _build(Config, "", table, os.environ if env is None else env).validate()
+    origins: dict[str, str] = {}
+    config = _build(Config, "", table, environment, origins).validate()
+    return config, origins
 
 
-def to_toml(config: Config) -> str:
-    """Renders a configuration as TOML, for ``gridstream config show`` and child processes."""
+def to_toml(config: Config, origins: Mapping[str, str] | None = None) -> str:
+    """Renders a configuration as TOML, for ``gridstream config show`` and
+    child processes; with ``origins``, each value is followed by a comment
+    saying where it came from."""
+
+    def line(key: str, name: str, value: Any) -> str:
+        text = f"{name} = {_toml_value(value)}"
+        return f"{text}  # {origins[key]}" if origins and key in origins else text
+
     lines: list[str] = []
     sections: list[tuple[str, Any]] = []
     for f in dataclasses.fields(config):
@@ -483,11 +569,11 @@ def to_toml(config: Config) -> str:
         if dataclasses.is_dataclass(value):
             sections.append((f.name, value))
         else:
-            lines.append(f"{f.name} = {_toml_value(value)}")
+            lines.append(line(f.name, f.name, value))
     for name, value in sections:
         lines.append(f"\n[{name}]")
         for sub in dataclasses.fields(value):
-            lines.append(f"{sub.name} = {_toml_value(getattr(value, sub.name))}")
+            lines.append(line(f"{name}.{sub.name}", sub.name, getattr(value, sub.name)))
     return "\n".join(lines) + "\n"
 
 
