@@ -15,7 +15,15 @@ import sys
 import time
 from pathlib import Path
 
-from gridstream.config import ConfigError, SecurityConfig, load_config, to_toml
+import grpc
+
+from gridstream.config import (
+    ConfigError,
+    SecurityConfig,
+    load_config,
+    load_config_with_origins,
+    to_toml,
+)
 from gridstream.errors import GridstreamError
 
 SERVICES = {"scheduler": "services.scheduler", "worker": "services.worker",
@@ -41,6 +49,13 @@ def _add_client_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="TOML config file")
 
 
+def _metrics_column(args: argparse.Namespace) -> dict[str, str]:
+    """Metrics addresses of a local cluster's members (its ready files), if any."""
+    from gridstream.cli_commands import metrics_by_address
+
+    return metrics_by_address(args.run_dir) if getattr(args, "run_dir", None) else {}
+
+
 async def _watch(args: argparse.Namespace) -> int:
     """Live view: members, per-stage throughput and queue depth, recent changes,
     and early warnings, refreshed every ``--interval`` seconds."""
@@ -61,16 +76,22 @@ async def _status(args: argparse.Namespace) -> int:
         return await _watch(args)
     async with Client(_scheduler_address(args), security=_security(args)) as client:
         status = await client.status()
+        metrics = _metrics_column(args)
         print(f"epoch {status.epoch}")
+        scheduler = client.scheduler_address
+        if scheduler in metrics:
+            print(f"scheduler {scheduler}, metrics http://{metrics[scheduler]}/metrics")
         print(f"{'member':<14}{'role':<13}{'state':<9}{'address':<22}{'partitions':>10}"
-              f"{'heartbeat age':>15}{'phi':>7}{'snapshots':>11}{'snapshot MB':>13}")
+              f"{'heartbeat age':>15}{'phi':>7}{'snapshots':>11}{'snapshot MB':>13}"
+              + (f"  {'metrics':<22}" if metrics else ""))
         for m in status.members:
             stored = (f"{m.snapshots:>11}{m.snapshot_bytes / 1e6:>13.2f}"
-                      if m.member.role == 2 else "")
+                      if m.member.role == 2 else f"{'':>24}")
+            where = f"  {metrics.get(m.member.address, '-'):<22}" if metrics else ""
             print(f"{m.member.node_id:<14}{ROLE_NAMES.get(m.member.role, '?'):<13}"
                   f"{STATE_NAMES.get(m.member.state, '?'):<9}{m.member.address:<22}"
                   f"{m.partitions_owned:>10}{m.last_heartbeat_age_s:>14.2f}s{m.phi:>7.2f}"
-                  f"{stored}")
+                  f"{stored}{where}".rstrip())
         if status.events:
             print("\nrecent membership changes:")
             for e in list(status.events)[-10:]:
@@ -102,15 +123,15 @@ async def _status(args: argparse.Namespace) -> int:
 
 
 async def _health(args: argparse.Namespace) -> int:
-    from gridstream.local import wait_healthy
+    from gridstream.cli_commands import run_health
 
-    try:
-        await wait_healthy(args.address, timeout_s=args.timeout, security=_security(args))
-    except TimeoutError as exc:
-        print(f"unhealthy: {exc}", file=sys.stderr)
-        return 1
-    print(f"{args.address}: SERVING")
-    return 0
+    return await run_health(args, _scheduler_address(args), _security(args))
+
+
+async def _dead_letters(args: argparse.Namespace) -> int:
+    from gridstream.cli_commands import run_dead_letters
+
+    return await run_dead_letters(args, _scheduler_address(args), _security(args))
 
 
 async def _certs(args: argparse.Namespace) -> int:
@@ -168,6 +189,12 @@ async def _results(args: argparse.Namespace) -> int:
 
     async with Client(_scheduler_address(args), security=_security(args)) as client:
         rows = await client.results(args.job_id)
+    if not rows:
+        # Like `kubectl get` with nothing to list: say so on stderr, exit 0 (an
+        # empty table is a state, not a failure), nothing for a pipe to read.
+        print(f"job {args.job_id} has no results yet (its sink has stored no rows; "
+              f"`gridstream status --job {args.job_id}` shows its progress)", file=sys.stderr)
+        return 0
     for key in sorted(rows)[: args.limit or None]:
         print(f"{key}\t{json.dumps(rows[key])}")
     return 0
@@ -207,7 +234,7 @@ async def _up(args: argparse.Namespace) -> int:
     port = args.port if args.port is not None else int(config.scheduler_address.rsplit(":", 1)[1])
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: terminal closed
         loop.add_signal_handler(sig, stop.set)
     cluster = LocalCluster(args.run_dir, config, args.workers, args.state_servers, port,
                            supervise=True, restart_delay_s=args.restart_delay)
@@ -216,9 +243,12 @@ async def _up(args: argparse.Namespace) -> int:
               f"authenticate with {cluster.config.security.cluster_secret_file}, admin "
               f"commands take --config {cluster.config_path}")
         for member in cluster.members.values():
+            metrics = (f"http://{member.metrics_address}/metrics" if member.metrics_address
+                       else "off")
             print(f"  {member.name:<12} pid {member.pid:<8} {member.address:<22} "
-                  f"log {member.log_path}")
-        print("Ctrl-C (or SIGTERM) stops it gracefully.", flush=True)
+                  f"metrics {metrics:<40} log {member.log_path}")
+        print("Ctrl-C (or SIGTERM, SIGHUP) stops it gracefully; if this process is killed, "
+              "its members stop too.", flush=True)
         await stop.wait()
         print("stopping...", flush=True)
     return 0
@@ -276,15 +306,22 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--job", help="also show per-task progress of this job")
     status.add_argument("--watch", action="store_true",
                         help="refresh a live view with throughput, queues and warnings")
+    status.add_argument("--run-dir", default=".gridstream/local",
+                        help="run directory of a `gridstream up` cluster, whose ready files "
+                        "give the members' metrics addresses (default .gridstream/local)")
     status.add_argument("--interval", type=float, default=1.0,
                         help="seconds between refreshes with --watch (default 1)")
     status.set_defaults(run=_status)
 
-    health = sub.add_parser("health", help="check a service with the gRPC health protocol "
-                            "(exit 0 when SERVING; for container health checks)")
-    health.add_argument("address", help="host:port of any gridstream service")
-    health.add_argument("--timeout", type=float, default=3.0, help="seconds to wait (default 3)")
-    health.add_argument("--config", help="TOML config file (for TLS settings)")
+    health = sub.add_parser(
+        "health", help="check the whole cluster (or one service) with the gRPC health protocol",
+        description="Without ADDRESS: the scheduler and every member it lists, one line each; "
+        "exit 0 when all serve, 1 when any does not, 2 when the scheduler cannot be reached. "
+        "With ADDRESS: that service only (container health checks).")
+    health.add_argument("address", nargs="?", help="host:port of one gridstream service")
+    health.add_argument("--timeout", type=float, default=3.0,
+                        help="seconds to wait for each answer (default 3)")
+    _add_client_flags(health)
     health.set_defaults(run=_health)
 
     certs = sub.add_parser("certs", help="create a local CA, certificates and tokens for a "
@@ -304,6 +341,16 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument("job_id")
     results.add_argument("--limit", type=int, default=0, help="print at most this many rows")
     results.set_defaults(run=_results)
+
+    dead = sub.add_parser(
+        "dead-letters", help="print a job's dead letters as JSON lines",
+        description="One JSON object per line: id, stage, record (as the worker described "
+        "it) and error (with its traceback). Nothing on stdout (and a note on stderr) when "
+        "the job has none.")
+    _add_client_flags(dead)
+    dead.add_argument("job_id")
+    dead.add_argument("--limit", type=int, default=0, help="print at most this many")
+    dead.set_defaults(run=_dead_letters)
 
     retire = sub.add_parser(
         "retire", help="retire a state server (also `gridstream stateserver retire NODE`)",
@@ -349,6 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
     config_sub = config.add_subparsers(dest="config_command", required=True)
     show = config_sub.add_parser("show", help="print the effective configuration as TOML")
     show.add_argument("--config", help="TOML config file")
+    show.add_argument("--origin", action="store_true",
+                      help="after each value, say whether it came from the file, the "
+                      "environment or the default")
     show.set_defaults(run=None, show=True)
     return parser
 
@@ -367,18 +417,34 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         if getattr(args, "show", False):
-            print(to_toml(load_config(args.config)), end="")
+            config, origins = load_config_with_origins(args.config)
+            print(to_toml(config, origins if args.origin else None), end="")
             sys.exit(0)
-        try:
-            import uvloop
+        import uvloop
 
-            code = uvloop.run(args.run(args))
+        try:
+            code = uvloop.run(_run(args))
         except KeyboardInterrupt:
             code = 130
-    except (ConfigError, GridstreamError) as exc:
+    except ConfigError as exc:
         print(f"gridstream: {exc}", file=sys.stderr)
         sys.exit(2)
     sys.exit(code)
+
+
+async def _run(args: argparse.Namespace) -> int:
+    """Runs a command; a failed call is one line on stderr, never a traceback,
+    and says "cannot reach the scheduler" when the cluster is down (exit 2)."""
+    from gridstream.cli_commands import UNREACHABLE_EXIT_CODE, describe_failure
+
+    try:
+        code: int = await args.run(args)
+        return code
+    except (GridstreamError, grpc.aio.AioRpcError) as exc:
+        address = _scheduler_address(args) if args.run is not _up else ""
+        print(f"gridstream: {await describe_failure(exc, address, _security(args))}",
+              file=sys.stderr)
+        return UNREACHABLE_EXIT_CODE
 
 
 if __name__ == "__main__":

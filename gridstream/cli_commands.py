@@ -1,0 +1,176 @@
+"""The operator's commands of ``gridstream`` that look at a whole cluster:
+dead letters, cluster health, metrics addresses, and the one message every
+command prints when the scheduler cannot be reached (kept apart from
+gridstream.cli, which holds the parser and the job commands)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gridstream import rpc
+from gridstream.config import SecurityConfig
+from gridstream.errors import DeadlineExceeded, Unavailable, from_rpc_error
+from gridstream.v1 import scheduler_pb2
+
+UNREACHABLE_EXIT_CODE = 2
+"""Exit status of a command that could not reach the scheduler (as for a
+configuration error: nothing was done)."""
+
+ROLE_NAMES = {scheduler_pb2.MEMBER_ROLE_WORKER: "worker",
+              scheduler_pb2.MEMBER_ROLE_STATE_SERVER: "stateserver"}
+MEMBER_STATES = {0: "gone", 1: "alive", 2: "suspect", 3: "dead", 4: "leaving"}
+
+
+def unreachable_message(address: str) -> str:
+    """What an operator reads when the cluster is down, instead of gRPC's text."""
+    return (f"cannot reach the scheduler at {address} (is the cluster up? see "
+            "`gridstream up`)")
+
+
+async def check_serving(address: str, security: SecurityConfig | None,
+                        timeout_s: float) -> str:
+    """One health check of a gRPC server: ``"SERVING"`` or why not. Retries
+    until ``timeout_s`` while the answer is no answer (a member that is
+    starting), never longer."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    last = "no answer"
+    async with rpc.open_channel(address, security) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                return last
+            try:
+                response = await stub.Check(health_pb2.HealthCheckRequest(),
+                                            timeout=min(1.0, left))
+                return str(health_pb2.HealthCheckResponse.ServingStatus.Name(response.status))
+            except grpc.aio.AioRpcError as exc:
+                last = exc.code().name
+            await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
+
+
+async def scheduler_reachable(address: str, security: SecurityConfig | None) -> bool:
+    """True when the scheduler answers its health service (quickly): tells a
+    cluster that is down from a member that failed behind a running scheduler."""
+    return await check_serving(address, security, timeout_s=1.5) == "SERVING"
+
+
+async def describe_failure(exc: BaseException, address: str,
+                           security: SecurityConfig | None) -> str:
+    """The message of a command's failure: the unreachable-scheduler sentence
+    when the call could not get through and the scheduler does not answer,
+    otherwise the error's own text."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        exc = from_rpc_error(exc)
+    if (isinstance(exc, Unavailable | DeadlineExceeded) and address
+            and not await scheduler_reachable(address, security)):
+        return unreachable_message(address)
+    return str(exc)
+
+
+@dataclass(frozen=True)
+class MemberHealth:
+    """One line of ``gridstream health``."""
+
+    name: str
+    role: str
+    address: str
+    state: str
+    health: str
+
+    @property
+    def ok(self) -> bool:
+        """Serving, or left the cluster on purpose (gone: nothing to check)."""
+        return self.health == "SERVING" or self.state == "gone"
+
+    def line(self) -> str:
+        """The member's line: name, role, address, scheduler's view, health."""
+        return (f"{self.name:<14}{self.role:<13}{self.address:<22}{self.state:<9}"
+                f"{self.health}")
+
+
+async def cluster_health(scheduler: str, security: SecurityConfig | None,
+                         timeout_s: float) -> list[MemberHealth]:
+    """The scheduler's health, then every member the scheduler lists, each
+    checked on its own gRPC health service (concurrently). Raises
+    :class:`Unavailable` when the scheduler does not serve."""
+    from gridstream.client import Client
+
+    own = await check_serving(scheduler, security, timeout_s)
+    if own != "SERVING":
+        raise Unavailable(f"scheduler health: {own}")
+    async with Client(scheduler, security=security) as client:
+        status = await client.status()
+    members = [m.member for m in status.members]
+
+    async def one(member: scheduler_pb2.Member) -> MemberHealth:
+        state = MEMBER_STATES.get(member.state, "?")
+        health = ("-" if state == "gone"
+                  else await check_serving(member.address, security, timeout_s))
+        return MemberHealth(member.node_id, ROLE_NAMES.get(member.role, "?"), member.address,
+                            state, health)
+
+    checked = await asyncio.gather(*(one(m) for m in members))
+    return [MemberHealth("scheduler", "scheduler", scheduler, "-", own), *checked]
+
+
+async def run_health(args: argparse.Namespace, scheduler: str,
+                     security: SecurityConfig) -> int:
+    """``gridstream health [ADDRESS]``: one address (container health checks),
+    or the whole cluster: exit 0 when every member serves, 1 otherwise."""
+    if args.address:
+        answer = await check_serving(args.address, security, args.timeout)
+        if answer != "SERVING":
+            print(f"{args.address}: not serving ({answer})", file=sys.stderr)
+            return 1
+        print(f"{args.address}: SERVING")
+        return 0
+    members = await cluster_health(scheduler, security, args.timeout)
+    print(f"{'member':<14}{'role':<13}{'address':<22}{'state':<9}health")
+    for member in members:
+        print(member.line())
+    bad = [m.name for m in members if not m.ok]
+    if bad:
+        print(f"not serving: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def run_dead_letters(args: argparse.Namespace, scheduler: str,
+                           security: SecurityConfig) -> int:
+    """``gridstream dead-letters JOB``: one JSON object per line (id, stage,
+    record, error), for jq and log tools; nothing on stdout when there are none."""
+    from gridstream.client import Client
+
+    async with Client(scheduler, security=security) as client:
+        letters = await client.dead_letters(args.job_id)
+    if not letters:
+        print(f"job {args.job_id} has no dead letters", file=sys.stderr)
+        return 0
+    for letter in letters[: args.limit or None]:
+        print(json.dumps({"id": letter["id"], "stage": letter["stage"],
+                          "record": letter["record"], "error": letter["error"]}))
+    return 0
+
+
+def metrics_by_address(run_dir: str | Path) -> dict[str, str]:
+    """Member address -> metrics address, from the ready files of a local
+    cluster (``gridstream up --run-dir``); empty when there are none."""
+    found: dict[str, str] = {}
+    for path in sorted(Path(run_dir, "ready").glob("*.json")):
+        try:
+            ready = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(ready, dict) and ready.get("address") and ready.get("metrics"):
+            found[str(ready["address"])] = str(ready["metrics"])
+    return found
