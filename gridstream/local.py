@@ -4,6 +4,9 @@ Used by ``gridstream up``, ``gridstream demo`` and the tests. Each member is a
 separate Python process with its own log file; the cluster is ready when every
 member has written its ready file and answers SERVING on the standard gRPC
 health service. Processes are signalled only by the PIDs this object started.
+Members exit when the process that started them dies, even by SIGKILL (on
+Linux the kernel tells them; the death is that of the starting thread, so
+start clusters from a thread that outlives them, as the event loop's does).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gridstream import rpc
 from gridstream.auth import create_cluster_secret, load_cluster_secret, write_private
 from gridstream.config import Config, SecurityConfig, to_toml
-from gridstream.service import RETIRED_EXIT_CODE
+from gridstream.service import PARENT_PID_ENV, RETIRED_EXIT_CODE
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +131,9 @@ class LocalCluster:
             p for p in [str(REPO_ROOT), env.get("PYTHONPATH", "")] if p
         )
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # Members stop when this process dies, even by SIGKILL (no orphans
+        # holding the cluster's ports): see gridstream.service.exit_with_parent.
+        env[PARENT_PID_ENV] = str(os.getpid())
         env.update(self.extra_env)
         return env
 

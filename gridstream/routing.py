@@ -129,7 +129,7 @@ class RoutingView:
             and m.state != scheduler_pb2.MEMBER_STATE_DEAD
         )
         self._worker_ring = HashRing(self.workers, self._virtual_nodes)
-        log.info("routing table epoch %d: %d jobs, %d members", table.epoch, len(table.jobs),
+        log.debug("routing table epoch %d: %d jobs, %d members", table.epoch, len(table.jobs),
                  len(table.members))
 
     def owner(self, job_id: str, partition: int) -> str | None:

@@ -35,6 +35,20 @@ RETIRED_EXIT_CODE = 10
 not restart it (systemd: ``RestartPreventExitStatus=10``)."""
 
 
+class NodeIdFilter(logging.Filter):
+    """Stamps every record with the node id of this process, so lines from
+    many members merged by a log shipper still say which member wrote them."""
+
+    def __init__(self, node_id: str) -> None:
+        super().__init__()
+        self.node_id = node_id
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Adds ``record.node_id``; never drops a record."""
+        record.node_id = self.node_id
+        return True
+
+
 class JsonLogFormatter(logging.Formatter):
     """One JSON object per line, for log shippers."""
 
@@ -43,6 +57,7 @@ class JsonLogFormatter(logging.Formatter):
         entry = {
             "ts": round(record.created, 3),
             "level": record.levelname,
+            "node": getattr(record, "node_id", ""),
             "logger": record.name,
             "msg": record.getMessage(),
         }
@@ -51,18 +66,21 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
-def setup_logging(name: str, json_logs: bool = False, level: int = logging.INFO) -> None:
-    """Configures the root logger of a service process."""
+def setup_logging(name: str, json_logs: bool = False, level: int | str = logging.INFO,
+                  node_id: str = "") -> None:
+    """Configures the root logger of a service process: ``name`` is the role
+    (``worker``), ``node_id`` this member's id (default: the role), ``level``
+    the config's log_level."""
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(NodeIdFilter(node_id or name))
     if json_logs:
         handler.setFormatter(JsonLogFormatter())
     else:
-        handler.setFormatter(
-            logging.Formatter(f"%(asctime)s {name} %(levelname)s %(name)s: %(message)s")
-        )
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(node_id)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(level.upper() if isinstance(level, str) else level)
 
 
 class ServiceHost:
@@ -218,16 +236,72 @@ class MemberAgent:
         await self._channel.close()
 
 
+PARENT_PID_ENV = "GRIDSTREAM_PARENT_PID"
+"""Set by a supervisor (``gridstream up``) that wants its members to exit
+with it: the PID of that supervisor."""
+
+_PR_SET_PDEATHSIG = 1
+
+
+def exit_with_parent() -> int:
+    """Makes this process get SIGTERM (and so drain and stop) when the
+    supervisor named by ``GRIDSTREAM_PARENT_PID`` dies, even by SIGKILL, so a
+    killed ``gridstream up`` leaves no orphans holding its ports. Linux:
+    prctl(PR_SET_PDEATHSIG), then a check that the parent did not die before
+    it; elsewhere :func:`watch_parent` polls. Returns the parent's PID (0 when
+    no supervisor asked for it)."""
+    try:
+        parent = int(os.environ.get(PARENT_PID_ENV, "0"))
+    except ValueError:
+        return 0
+    if parent <= 0:
+        return 0
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d); polling the parent "
+                        "instead", ctypes.get_errno())
+    if os.getppid() != parent:  # it died before the request above took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+    return parent
+
+
+async def watch_parent(parent: int, stop: asyncio.Event, interval_s: float = 0.5) -> None:
+    """Sets ``stop`` once this process's parent is no longer ``parent`` (it
+    died and the process was handed to init): the portable fallback of
+    PR_SET_PDEATHSIG, and a second line of defence on Linux."""
+    while True:
+        await asyncio.sleep(interval_s)
+        if os.getppid() != parent:
+            break
+    log.info("supervisor (pid %d) is gone; stopping", parent)
+    stop.set()
+
+
 def run_service(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
-    """Runs a service's ``main(stop_event)`` on uvloop; SIGTERM and SIGINT set the
-    event so the service drains gracefully instead of dying mid-write."""
+    """Runs a service's ``main(stop_event)`` on uvloop; SIGTERM, SIGINT and
+    SIGHUP set the event so the service drains gracefully instead of dying
+    mid-write, and so does the death of a supervisor that asked for it
+    (:func:`exit_with_parent`)."""
 
     async def runner() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(sig, stop.set)
-        await main(stop)
+        parent = exit_with_parent()
+        if not parent:
+            await main(stop)
+            return
+        watcher = asyncio.create_task(watch_parent(parent, stop), name="parent watch")
+        try:
+            await main(stop)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
 
     with contextlib.suppress(KeyboardInterrupt):
         uvloop.run(runner())

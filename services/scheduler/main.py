@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         config = build_config(args)
     except ConfigError as exc:
         raise SystemExit(f"gridstream scheduler: {exc}") from None
-    setup_logging("scheduler", config.log_json)
+    setup_logging("scheduler", config.log_json, config.log_level)
     rpc.configure_security(config.security)
     jobspec.allow_job_modules(config.cluster.job_modules)
     run_service(lambda stop: serve(config, args.ready_file, stop))

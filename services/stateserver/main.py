@@ -256,8 +256,8 @@ async def _wait_either(event: asyncio.Event, stop: asyncio.Event) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Parses flags, sets up logging and runs the state server until SIGTERM/SIGINT."""
     options = parse_args(argv)
-    setup_logging(f"stateserver[{options.config.stateserver.node_id}]",
-                  json_logs=options.config.log_json)
+    setup_logging("stateserver", options.config.log_json, options.config.log_level,
+                  options.config.stateserver.node_id)
 
     retired = False
 

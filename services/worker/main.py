@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         config = build_config(args)
     except ConfigError as exc:
         raise SystemExit(f"gridstream worker: {exc}") from None
-    setup_logging(f"worker[{config.worker.node_id}]", config.log_json)
+    setup_logging("worker", config.log_json, config.log_level, config.worker.node_id)
     rpc.configure_security(config.security)
     jobspec.allow_job_modules(config.cluster.job_modules)
     run_service(lambda stop: serve(config, args.ready_file, stop))
