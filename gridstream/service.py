@@ -232,7 +232,18 @@ class MemberAgent:
             next_beat = max(next_beat, time.monotonic() - self.interval_s)
 
     async def close(self) -> None:
-        """Closes the channel to the scheduler."""
+        """Tells the scheduler this member is stopping on purpose (so an
+        operator's restart is not logged as a failure), then closes the
+        channel. Best effort: a scheduler that is down learns it from silence."""
+        if self.registered.is_set():
+            try:
+                await self._stub.Heartbeat(
+                    scheduler_pb2.HeartbeatRequest(node_id=self.node_id,
+                                                   incarnation=self.incarnation,
+                                                   epoch=self.epoch, stopping=True),
+                    timeout=rpc.HEARTBEAT_TIMEOUT_S)
+            except grpc.aio.AioRpcError as exc:
+                log.debug("announcing the stop to the scheduler failed: %s", exc.code().name)
         await self._channel.close()
 
 

@@ -64,6 +64,8 @@ class SchedulerCore:
         self._jobs_version = 0
         self._saved_epoch = membership.epoch
         self.detections = 0
+        self.stopping: dict[str, str] = {}
+        """node id -> the incarnation that announced its stop (see ``announced``)."""
         self.tracker_count = config.cluster.tracker_count
 
     def channel(self, address: str) -> grpc.aio.Channel:
@@ -103,15 +105,17 @@ class SchedulerCore:
                 and old_state != scheduler_pb2.MEMBER_STATE_DEAD):
             # The old incarnation died (its memory is gone) before the detector
             # convicted it: that is a failure like any other, and is named so.
-            log.warning("%s restarted (incarnation %s replaces %s) before it was "
-                        "declared dead", request.node_id, request.incarnation[:8],
-                        old.incarnation[:8])
+            log.log(logging.INFO if self.announced(request.node_id) else logging.WARNING,
+                    "%s restarted (incarnation %s replaces %s) before it was "
+                    "declared dead", request.node_id, request.incarnation[:8],
+                    old.incarnation[:8])
             self.detections += 1
             self.record(request.node_id, old_state, scheduler_pb2.MEMBER_STATE_DEAD,
                         old.phi, "restarted")
             old_state = scheduler_pb2.MEMBER_STATE_DEAD
         if old is not None and old.incarnation != request.incarnation:
             self.forgive(request.node_id)
+            self.stopping.pop(request.node_id, None)
         if self.membership.register(request.node_id, request.role, request.address,
                                     request.incarnation, time.monotonic()):
             self.record(request.node_id, old_state, scheduler_pb2.MEMBER_STATE_ALIVE, 0.0,
@@ -219,13 +223,21 @@ class SchedulerCore:
                                         if j.state == value))
         return [phi, state, detections, epoch, jobs]
 
+    def announced(self, node_id: str) -> bool:
+        """True when the member's current incarnation said it was stopping:
+        its silence is an operator's restart, not news worth a WARNING."""
+        record = self.membership.members.get(node_id)
+        return record is not None and self.stopping.get(node_id) == record.incarnation
+
     def apply_transitions(self, transitions: list[Transition]) -> None:
         """Logs every detector verdict change with its phi."""
         for t in transitions:
             if t.new == scheduler_pb2.MEMBER_STATE_DEAD:
                 self.detections += 1
-            log.warning("%s: %s -> %s (phi %.2f)", t.node_id, _STATE_NAMES.get(t.old, "?"),
-                        _STATE_NAMES.get(t.new, "?"), t.phi)
+            log.log(logging.INFO if self.announced(t.node_id) else logging.WARNING,
+                    "%s: %s -> %s (phi %.2f)%s", t.node_id, _STATE_NAMES.get(t.old, "?"),
+                    _STATE_NAMES.get(t.new, "?"), t.phi,
+                    " after it announced its stop" if self.announced(t.node_id) else "")
             self.record(t.node_id, t.old, t.new, t.phi, "detector")
 
     async def detect_forever(self) -> None:
@@ -430,6 +442,9 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         known = self.core.membership.heartbeat(request.node_id, request.incarnation,
                                                time.monotonic())
         record = self.core.membership.members.get(request.node_id)
+        if known and record is not None and request.stopping:
+            self.core.stopping[request.node_id] = request.incarnation
+            log.info("%s is stopping (announced)", request.node_id)
         if known and record is not None:
             record.snapshots = request.snapshots
             record.snapshot_bytes = request.snapshot_bytes
