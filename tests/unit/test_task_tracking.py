@@ -3,7 +3,7 @@ rebuild collects, lost batches and the retained-input bound."""
 
 from __future__ import annotations
 
-from services.worker.tracking import TaskTracking
+from services.worker.tracking import RECENT_S, TaskTracking
 
 ROOT = 0xA1
 CHILD_1, CHILD_2 = 0xB1, 0xB2
@@ -119,3 +119,36 @@ def test_overdue_roots_are_asked_for_once_per_period() -> None:
     assert task.overdue(start + 3.0, timeout_s=1.0) == set()
     assert TaskTracking(is_source=False).overdue(start + 99, timeout_s=1.0) == set()
 
+
+
+def test_a_source_restored_from_before_a_completion_still_completes_its_root() -> None:
+    # The source's snapshot was taken while ROOT was pending; the tree then
+    # completed and every task let go of it; the source's worker died with
+    # the tracker's host. The restored source tracks ROOT again and its new
+    # tracker rebuilds it from the tasks: the others' recent parts keep the
+    # sum whole, so a complete tree is not taken for a lost one.
+    source, sink = TaskTracking(is_source=True), TaskTracking(is_source=False)
+    source.retain(0, ROOT)
+    source.mark_registered([ROOT])
+    source.processed(0, ROOT, [CHILD_1])
+    source.mark_reported([0])
+    saved = source.snapshot()
+    sink.retain(0, ROOT)
+    sink.processed(0, CHILD_1, [])
+    sink.mark_reported([0])
+    assert tree_total(source, sink) == {ROOT: 0}
+    sink.finished([ROOT], now=100.0)
+    restored = TaskTracking(is_source=True)
+    restored.retain(0, ROOT)
+    restored.restore(saved, snapshot_offset=1)
+    assert tree_total(restored, sink) == {ROOT: 0}
+    # An abandoned root leaves nothing behind, and parts expire after RECENT_S.
+    assert sink.contributions({ROOT}) == {ROOT: CHILD_1}
+    sink.finished([], now=100.0 + RECENT_S + 1)
+    assert sink.contributions({ROOT}) == {}
+    other = TaskTracking(is_source=False)
+    other.retain(0, ROOT)
+    other.processed(0, CHILD_1, [])
+    other.mark_reported([0])
+    other.finished([ROOT], abandoned=True)
+    assert other.contributions({ROOT}) == {}
