@@ -345,8 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     dead = sub.add_parser(
         "dead-letters", help="print a job's dead letters as JSON lines",
         description="One JSON object per line: id, stage, record (as the worker described "
-        "it) and error (with its traceback). Nothing on stdout (and a note on stderr) when "
-        "the job has none.")
+        "it) and error (the exception's type and message). Nothing on stdout (and a note "
+        "on stderr) when the job has none.")
     _add_client_flags(dead)
     dead.add_argument("job_id")
     dead.add_argument("--limit", type=int, default=0, help="print at most this many")
