@@ -44,9 +44,11 @@ CALL_TIMEOUT_S = 10.0
 
 @pytest_asyncio.fixture(scope="module")
 async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LocalCluster]:
-    """1 scheduler, 1 worker (no backups), 1 state server."""
-    config = replace(Config(), cluster=ClusterConfig(window_size=500, partitions=PARTITIONS,
-                                                     backup_count=0))
+    """1 scheduler, 1 worker (no backups), 1 state server; DEBUG logs, in which
+    the worker names every routing table it fetches (counted below)."""
+    config = replace(Config(), log_level="DEBUG",
+                     cluster=ClusterConfig(window_size=500, partitions=PARTITIONS,
+                                           backup_count=0))
     local = LocalCluster(tmp_path_factory.mktemp("members"), config, workers=1,
                          state_servers=1)
     async with local:
