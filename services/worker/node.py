@@ -36,7 +36,7 @@ from gridstream.retry import Backoff, RetryExhausted
 from gridstream.routing import RoutingView
 from gridstream.v1 import common_pb2, scheduler_pb2, worker_pb2, worker_pb2_grpc
 from services.worker.metrics import node_metrics
-from services.worker.peers import Channels, OutSegment, PeerRouter, StateClient
+from services.worker.peers import Channels, Commit, OutSegment, PeerRouter, StateClient
 from services.worker.queues import Entry, JobContainer, OwnerFenced
 from services.worker.replication import BackupStore, ContainerKey, to_log_entry
 from services.worker.tasks import FetchedLog, TaskRunner
@@ -427,13 +427,10 @@ class WorkerNode:
             )
         return runner
 
-    async def append_local(self, job_id: str, segment: OutSegment, timeout_s: float) -> bool:
+    async def append_local(self, job_id: str, segment: OutSegment, timeout_s: float) -> Commit:
         """Appends a segment produced on this worker to one of its containers."""
         runner = await self.runner_for(job_id, segment.task, segment.partition, 0)
-        return await runner.accept(
-            segment.channel, segment.sequence, segment.keys, segment.values, timeout_s,
-            segment.encoded, root=segment.root, previous_sequence=segment.previous_sequence,
-        )
+        return await runner.append_segment(segment, timeout_s)
 
     # -- replication and handoff ----------------------------------------------
 

@@ -76,13 +76,26 @@ class OutSegment:
         return self._proto
 
 
-LocalAppend = Callable[[str, OutSegment, float], Awaitable[bool]]
+Commit = Callable[[], Awaitable[bool]]
+"""The wait for an appended batch's commit (held by every backup); answers
+whether it was accepted (False: a duplicate)."""
+LocalAppend = Callable[[str, OutSegment, float], Awaitable[Commit]]
 _RETRYABLE = {
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
     grpc.StatusCode.CANCELLED,
 }
+
+
+def _retry_or_raise(exc: BaseException) -> None:
+    """Returns when a local append or commit may be retried (a timeout, a
+    newer epoch, a container that moved away); raises anything else."""
+    if isinstance(exc, (TimeoutError, StaleEpoch, ContainerClosed)):
+        return
+    if isinstance(exc, GridstreamError) and exc.code in _RETRYABLE:
+        return
+    raise exc
 
 
 Channels = rpc.ChannelPool
@@ -129,22 +142,35 @@ class PeerRouter:
             if remaining:
                 await backoff.wait()
 
+    async def _send_local(self, job_id: str, segments: list[OutSegment]) -> list[OutSegment]:
+        """Appends to this worker's containers in order, then waits for all the
+        commits at once (their replications overlap). Nothing after a failed
+        append is appended, so a channel's batches enter in sequence order;
+        returns the segments that must be retried, in their order."""
+        failed: set[int] = set()
+        waits: list[tuple[int, Commit]] = []
+        for i, segment in enumerate(segments):
+            if failed:
+                failed.add(i)
+                continue
+            try:
+                waits.append((i, await self.local_append(job_id, segment, self.push_timeout_s)))
+            except Exception as exc:
+                _retry_or_raise(exc)
+                failed.add(i)
+        outcomes = await asyncio.gather(*(wait() for _, wait in waits), return_exceptions=True)
+        for (i, _), outcome in zip(waits, outcomes, strict=True):
+            if isinstance(outcome, BaseException):
+                _retry_or_raise(outcome)
+                failed.add(i)
+        return [segment for i, segment in enumerate(segments) if i in failed]
+
     async def _send(
         self, job_id: str, owner: str, segments: list[OutSegment]
     ) -> list[OutSegment]:
         """Sends to one owner; returns the segments that must be retried."""
         if owner == self.node_id:
-            failed = []
-            for segment in segments:
-                try:
-                    await self.local_append(job_id, segment, self.push_timeout_s)
-                except (TimeoutError, StaleEpoch, ContainerClosed):
-                    failed.append(segment)
-                except GridstreamError as exc:
-                    if exc.code not in _RETRYABLE:
-                        raise
-                    failed.append(segment)
-            return failed
+            return await self._send_local(job_id, segments)
         address = self.routing.addresses.get(owner)
         if address is None:
             await self.routing.refresh()

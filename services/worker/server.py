@@ -3,6 +3,8 @@ WorkerNode."""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 
 from gridstream import codec
@@ -29,6 +31,7 @@ from gridstream.validation import (
 )
 from services.worker.node import WorkerNode
 from services.worker.queues import ContainerClosed
+from services.worker.tasks import TaskRunner
 
 _MARGIN_S = 0.2
 
@@ -135,40 +138,55 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if request.sender:
             self.node.check_sender(request.job_id, request.sender, request.epoch,
                                    [s.channel for s in request.segments])
-        outcomes = []
+        # Appended one after another (a channel's batches enter in order; the
+        # first refusal stops the rest), then committed together: the segments'
+        # replications overlap instead of taking a round trip each.
+        commits = []
         remaining = context.time_remaining()
+        wait = None if remaining is None else max(0.0, remaining - _MARGIN_S)
         for runner, segment, keys, values in decoded:
-            wait = None if remaining is None else max(0.0, remaining - _MARGIN_S)
             try:
-                accepted = await runner.accept(
+                commit = await runner.append(
                     segment.channel, segment.sequence, keys, values, wait, segment.batch,
                     root=segment.root, previous_sequence=segment.previous_sequence,
                 )
-            except TimeoutError:
-                shortfall = runner.replicator.shortfall if runner.replicator else ""
-                if shortfall:
-                    raise Unavailable(
-                        f"container {runner.container.container_id} cannot be acknowledged: "
-                        f"{shortfall}; nothing was acknowledged, retry once workers are back"
-                    ) from None
-                raise ResourceExhausted(
-                    f"container {runner.container.container_id} is full or its backups are "
-                    f"unreachable ({runner.container.pending_records} records waiting); "
-                    "retry later"
-                ) from None
-            except ContainerClosed:
-                raise StaleEpoch(
-                    f"stale epoch {self.node.routing.epoch}: partition {segment.partition} of "
-                    f"job {request.job_id} moved away from {self.node.node_id}; refresh the "
-                    "routing table and resend",
-                    self.node.routing.epoch,
-                ) from None
-            outcomes.append(
-                worker_pb2.SEGMENT_OUTCOME_ACCEPTED
-                if accepted
-                else worker_pb2.SEGMENT_OUTCOME_DUPLICATE
-            )
+            except (TimeoutError, ContainerClosed) as exc:
+                raise self._refusal(runner, segment.partition, exc) from None
+            commits.append((runner, segment.partition, commit))
+        results = await asyncio.gather(*(commit() for _, _, commit in commits),
+                                        return_exceptions=True)
+        outcomes = []
+        for (runner, partition, _), result in zip(commits, results, strict=True):
+            if isinstance(result, (TimeoutError, ContainerClosed)):
+                raise self._refusal(runner, partition, result) from None
+            if isinstance(result, BaseException):
+                raise result
+            outcomes.append(worker_pb2.SEGMENT_OUTCOME_ACCEPTED if result
+                            else worker_pb2.SEGMENT_OUTCOME_DUPLICATE)
         return worker_pb2.PushResponse(outcomes=outcomes, epoch=self.node.routing.epoch)
+
+    def _refusal(self, runner: TaskRunner, partition: int, exc: BaseException
+                 ) -> GridstreamError:
+        """The error a sender gets for a segment that was not committed in time
+        (TimeoutError) or whose container moved away (ContainerClosed)."""
+        if isinstance(exc, ContainerClosed):
+            return StaleEpoch(
+                f"stale epoch {self.node.routing.epoch}: partition {partition} of "
+                f"job {runner.job_id} moved away from {self.node.node_id}; refresh the "
+                "routing table and resend",
+                self.node.routing.epoch,
+            )
+        shortfall = runner.replicator.shortfall if runner.replicator else ""
+        if shortfall:
+            return Unavailable(
+                f"container {runner.container.container_id} cannot be acknowledged: "
+                f"{shortfall}; nothing was acknowledged, retry once workers are back"
+            )
+        return ResourceExhausted(
+            f"container {runner.container.container_id} is full or its backups are "
+            f"unreachable ({runner.container.pending_records} records waiting); "
+            "retry later"
+        )
 
     @servicer_method
     async def DeployJob(

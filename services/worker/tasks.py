@@ -17,6 +17,7 @@ that makes a replay exact is the JobContainer's (docs/recovery.md).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -46,7 +47,7 @@ from services.worker.operators import (
     record_text,
     safe_text,
 )
-from services.worker.peers import OutSegment, PeerRouter, StateClient
+from services.worker.peers import Commit, OutSegment, PeerRouter, StateClient
 from services.worker.queues import Entry, JobContainer, LostRange
 from services.worker.replication import Replicator
 from services.worker.restore import restore_task
@@ -193,7 +194,14 @@ class TaskRunner:
 
     # -- input ---------------------------------------------------------------
 
-    async def accept(
+    async def append_segment(self, segment: OutSegment, timeout_s: float) -> Commit:
+        """:meth:`append` for a segment produced on this worker."""
+        return await self.append(
+            segment.channel, segment.sequence, segment.keys, segment.values, timeout_s,
+            segment.encoded, root=segment.root, previous_sequence=segment.previous_sequence,
+        )
+
+    async def append(
         self,
         channel: str,
         sequence: int,
@@ -203,12 +211,14 @@ class TaskRunner:
         batch: common_pb2.RecordBatch | None = None,
         root: int = 0,
         previous_sequence: int = 0,
-    ) -> bool:
-        """Appends a batch and returns once it is committed (held by every
-        backup): only then may its sender be acknowledged. False for a
-        duplicate (also only once the original is committed). ``root`` is the
-        tracked root the batch descends from; 0 makes a client's batch its
-        own root. ``previous_sequence`` lets the container name a gap."""
+    ) -> Commit:
+        """Appends a batch (unless it is a duplicate) and returns the wait for
+        its commit, which answers whether it was accepted. The append and the
+        wait are apart so that a sender of several batches appends them in
+        order and then waits for all their commits at once: one replication
+        round trip per container instead of one after another. ``root`` is
+        the tracked root the batch descends from; 0 makes a client's batch
+        its own root. ``previous_sequence`` lets the container name a gap."""
         await asyncio.wait_for(self.ready.wait(), timeout_s)
         if not root and self.tracking is not None:
             root = tuple_id(self.task_index, self.partition, channel, sequence)
@@ -230,6 +240,9 @@ class TaskRunner:
             await self.container.commit_through(self.container.next_offset)
         elif accepted:
             self.replicator.notify()
+        return functools.partial(self._committed, accepted, offset, timeout_s)
+
+    async def _committed(self, accepted: bool, offset: int, timeout_s: float | None) -> bool:
         if offset >= 0:
             await self.container.wait_committed(offset, timeout_s)
         return accepted
