@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 ContainerKey = tuple[str, int, int]  # (job_id, task, partition)
 REPLICATE_TIMEOUT_S = 5.0
 MAX_ENTRIES_PER_CALL = 64
+REPLICATION_WARN_AFTER_S = 5.0
+"""Replication failing for longer than this (more than a holder's restart
+takes) is logged at WARNING; shorter failures at INFO."""
 
 
 def to_log_entry(entry: Entry) -> worker_pb2.LogEntry:
@@ -176,6 +180,7 @@ class Replicator:
         contacts every holder, even with nothing new to send, so a holder
         that lost its copy is found out and sent a full one."""
         backoff = Backoff(f"replicating {self.container.container_id}", first_s=0.02, max_s=0.5)
+        failing_since = 0.0
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -191,10 +196,19 @@ class Replicator:
             sequences = self.container.sequences()
             holders = self.holders()
             if len(holders) < self.backup_count:
+                now = time.monotonic()
                 if not self.shortfall:
-                    log.warning("%s: only %d of backup_count=%d backup holders are live; "
-                                "holding appends uncommitted until enough workers are back",
-                                self.container.container_id, len(holders), self.backup_count)
+                    shortfall_since, warned = now, False
+                    log.info("%s: only %d of backup_count=%d backup holders are live; "
+                             "holding appends uncommitted until enough workers are back",
+                             self.container.container_id, len(holders), self.backup_count)
+                elif not warned and now - shortfall_since > REPLICATION_WARN_AFTER_S:
+                    warned = True
+                    log.warning("%s: only %d of backup_count=%d backup holders are live "
+                                "for %.0fs; appends stay uncommitted (senders wait, then "
+                                "get UNAVAILABLE) until enough workers are back",
+                                self.container.container_id, len(holders), self.backup_count,
+                                now - shortfall_since)
                 self.shortfall = (f"only {len(holders)} of backup_count={self.backup_count} "
                                   "backup holders are live")
                 with contextlib.suppress(TimeoutError):
@@ -216,8 +230,14 @@ class Replicator:
                 # so the task starts again from the newest state and log.
                 raise OwnerFenced(f"{self.container.container_id}: {exc}") from None
             except Exception as exc:
-                log.warning("%s: replication failed (%s); retrying", self.container.container_id,
-                            exc)
+                # A holder restarting (refused connections, a copy it no
+                # longer has) is routine for a second or two: INFO; failing
+                # for longer than a restart takes is worth a WARNING.
+                now = time.monotonic()
+                failing_since = failing_since or now
+                log.log(logging.WARNING if now - failing_since > REPLICATION_WARN_AFTER_S
+                        else logging.INFO, "%s: replication failed (%s); retrying",
+                        self.container.container_id, exc)
                 # Back off, but wake at once when the membership changes.
                 await backoff.wait(exc, wake=self._wake)
                 self._wake.set()
@@ -228,6 +248,7 @@ class Replicator:
                         log.debug("routing refresh failed: %s", refresh_error)
                 continue
             backoff.reset()
+            failing_since = 0.0
             for holder in list(self._synced):
                 if holder not in holders:
                     del self._synced[holder]
