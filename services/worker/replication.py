@@ -181,6 +181,7 @@ class Replicator:
         that lost its copy is found out and sent a full one."""
         backoff = Backoff(f"replicating {self.container.container_id}", first_s=0.02, max_s=0.5)
         failing_since = 0.0
+        shortfall_since, warned = 0.0, False
         while True:
             await self._wake.wait()
             self._wake.clear()
