@@ -119,8 +119,17 @@ def nesting_depth(value: Any, limit: int = MAX_NESTING) -> int:
     return deepest
 
 
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+"""Types that nest nothing (their subclasses are looked at one by one)."""
+
+
 def check_nesting(values: Iterable[Any], what: str, limit: int = MAX_NESTING) -> None:
-    """Refuses the first value nested deeper than ``limit``, naming its index."""
+    """Refuses the first value nested deeper than ``limit``, naming its index.
+    A list of scalars (most batches: text lines, keys) is recognised in one
+    pass in C over the values' types, not value by value in Python: the
+    client and every worker that takes a client's push check each batch."""
+    if isinstance(values, list | tuple) and _SCALARS.issuperset(map(type, values)):
+        return
     for index, value in enumerate(values):
         if isinstance(value, list | tuple | dict) and nesting_depth(value, limit) > limit:
             raise InvalidArgument(
