@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-import numpy as np
 
 from gridstream import codec
 from gridstream.config import Config
@@ -254,23 +253,16 @@ class WorkerNode:
         them: only the roots whose tracker or host changed."""
         new = TrackerLayout.from_routing(self.routing)
         old, self._layout = self._layout, new
-        if old is None or (old.count == new.count and old.hosts == new.hosts
-                           and old.host_incarnations == new.host_incarnations):
+        if old is None or old.same_hosts(new):
             return
         for runtime in self.jobs.values():
             for runner in runtime.runners.values():
                 tracking = runner.tracking
                 if tracking is None or not tracking.is_source or not tracking.pending:
                     continue
-                roots = np.fromiter(tracking.pending, dtype=np.uint64, count=len(tracking.pending))
-                before, after = old.trackers_of(roots), new.trackers_of(roots)
-                moved = (before != after) | (
-                    np.asarray(old.hosts, dtype=object)[before]
-                    != np.asarray(new.hosts, dtype=object)[after]) | (
-                    np.asarray(old.host_incarnations, dtype=object)[before]
-                    != np.asarray(new.host_incarnations, dtype=object)[after])
-                if moved.any():
-                    runner.request_rebuild({int(r) for r in roots[moved]})
+                moved = old.moved(new, tracking.pending)
+                if moved:
+                    runner.request_rebuild(moved)
 
     async def tracking_events(
         self, request: worker_pb2.TrackingEventsRequest

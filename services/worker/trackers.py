@@ -29,6 +29,7 @@ import functools
 import logging
 import time
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 import grpc
@@ -90,6 +91,24 @@ class TrackerLayout:
     def trackers_of(self, roots: U64) -> npt.NDArray[np.int64]:
         """Tracker index of each root."""
         return np.asarray(self.ring.owner_index(roots), dtype=np.int64)
+
+    def same_hosts(self, other: TrackerLayout) -> bool:
+        """Whether ``other`` places every root on the same tracker and host
+        process (a host that restarted under its own name is another one)."""
+        return (self.count == other.count and self.hosts == other.hosts
+                and self.host_incarnations == other.host_incarnations)
+
+    def moved(self, new: TrackerLayout, pending: Collection[int]) -> set[int]:
+        """The roots of ``pending`` whose tracker, or its host process, is not
+        the same in ``new``: their new trackers must rebuild them."""
+        roots = np.fromiter(pending, dtype=np.uint64, count=len(pending))
+        before, after = self.trackers_of(roots), new.trackers_of(roots)
+        moved = (before != after) | (
+            np.asarray(self.hosts, dtype=object)[before]
+            != np.asarray(new.hosts, dtype=object)[after]) | (
+            np.asarray(self.host_incarnations, dtype=object)[before]
+            != np.asarray(new.host_incarnations, dtype=object)[after])
+        return {int(r) for r in roots[moved]}
 
 
 @functools.lru_cache(maxsize=16)

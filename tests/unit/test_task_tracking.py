@@ -3,6 +3,11 @@ rebuild collects, lost batches and the retained-input bound."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import numpy as np
+
+from services.worker.trackers import _layout
 from services.worker.tracking import RECENT_S, TaskTracking
 
 ROOT = 0xA1
@@ -152,3 +157,18 @@ def test_a_source_restored_from_before_a_completion_still_completes_its_root() -
     other.mark_reported([0])
     other.finished([ROOT], abandoned=True)
     assert other.contributions({ROOT}) == {}
+
+
+def test_a_tracker_host_that_restarted_moves_its_roots() -> None:
+    # Same node names, one host in a new process: its roots must be rebuilt.
+    before = _layout(2, 16, ("worker-1", "worker-2"))
+    before = replace(before, host_incarnations=("a", "b"))
+    same = replace(before, host_incarnations=("a", "b"))
+    restarted = replace(before, host_incarnations=("a2", "b"))
+    roots = {int(r) for r in np.random.default_rng(5).integers(1, 2**63, 200)}
+    assert before.same_hosts(same) and not before.moved(same, roots)
+    assert not before.same_hosts(restarted)
+    ids = np.fromiter(roots, dtype=np.uint64)
+    on_tracker_0 = {int(r) for r in ids[before.trackers_of(ids) == 0]}
+    assert on_tracker_0 and on_tracker_0 != roots
+    assert before.moved(restarted, roots) == on_tracker_0
