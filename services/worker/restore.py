@@ -137,18 +137,9 @@ async def restore_task(runner: TaskRunner) -> bool:
         # roots that no contribution can ever complete.
         rows = saved.get("tracking") or []
         pending_below = {int(row[0]) for row in rows}
-        retained: set[int] = set()
         for entry in runner.container.retained():
             if entry.offset >= offset or entry.offset in pending_below:
                 tracking.retain(entry.offset, entry.root or runner.tuple_id_of(entry))
-                retained.add(entry.offset)
-        for row in rows:
-            # A processed batch of a pending root that no log copy holds any
-            # more (its window is durable, so a copy may have trimmed it): it
-            # is not processed again, but its contribution is still owed to
-            # the root's rebuild, or a complete tree would look lost.
-            if int(row[0]) < offset and int(row[0]) not in retained:
-                tracking.retain(int(row[0]), int(row[1]))
         tracking.restore(rows, offset)
         # Whether the restored contributions reached their trackers before the
         # crash is unknown: their trackers rebuild those roots from the tasks.
