@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -38,11 +39,14 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loc
         yield local
 
 
-async def test_a_record_gridstream_cannot_describe_or_hash_goes_alone_to_dead_letters(
-        cluster: LocalCluster) -> None:
+async def sum_with_poison(cluster: LocalCluster, poison: dict[int, str]) -> list[dict[str, Any]]:
+    """Sends 1..2000 with ``poison`` records inserted at the given indexes (in
+    batches of 500), checks that the sums of the others are exact and that no
+    process restarted; returns the job's dead letters."""
     numbers = list(range(1, 2_001))
     records = [str(n) for n in numbers]
-    records[500:500] = ["unprintable"]  # inside a batch of 500 others
+    for index in sorted(poison, reverse=True):
+        records[index:index] = [poison[index]]
     async with Client(cluster.scheduler_address, batch_size=500) as client:
         job_id = await client.submit(SUM_BY_PARITY)
         await client.send(job_id, records)
@@ -50,10 +54,16 @@ async def test_a_record_gridstream_cannot_describe_or_hash_goes_alone_to_dead_le
         expected = {f"r:{k}": sum(n for n in numbers if n % 2 == k) for k in (0, 1)}
         assert await client.results(job_id) == expected
         dead = await client.dead_letters(job_id)
+    assert all(m.alive() and m.restarts == 0 for m in cluster.members.values())
+    return dead
+
+
+async def test_a_record_gridstream_cannot_describe_or_hash_goes_alone_to_dead_letters(
+        cluster: LocalCluster) -> None:
+    dead = await sum_with_poison(cluster, {500: "unprintable"})  # inside a batch of 500
     assert len(dead) == 1, dead
     assert dead[0]["record"] == "<unprintable Unprintable: RuntimeError>", dead
     assert dead[0]["error"].startswith("TypeError"), dead
-    assert all(m.alive() and m.restarts == 0 for m in cluster.members.values())
 
 
 async def test_a_value_that_cannot_be_encoded_for_the_next_task_goes_alone_to_dead_letters(
@@ -61,17 +71,6 @@ async def test_a_value_that_cannot_be_encoded_for_the_next_task_goes_alone_to_de
     # The value keys fine but msgpack cannot carry it to the reduce's
     # partition: only it is dead-lettered; its batch and partition go on, on
     # the local and the remote path alike, and nothing restarts.
-    numbers = list(range(1, 2_001))
-    records = [str(n) for n in numbers]
-    records[700:700] = ["huge"]
-    records[1200:1200] = ["huge"]
-    async with Client(cluster.scheduler_address, batch_size=500) as client:
-        job_id = await client.submit(SUM_BY_PARITY)
-        await client.send(job_id, records)
-        await client.drain(job_id, timeout_s=120)
-        expected = {f"r:{k}": sum(n for n in numbers if n % 2 == k) for k in (0, 1)}
-        assert await client.results(job_id) == expected
-        dead = await client.dead_letters(job_id)
+    dead = await sum_with_poison(cluster, {700: "huge", 1200: "huge"})
     assert len(dead) == 2, dead
     assert all(d["record"] == str(2**70) and "msgpack" in d["error"] for d in dead), dead
-    assert all(m.alive() and m.restarts == 0 for m in cluster.members.values())
