@@ -270,23 +270,20 @@ class WorkerNode:
         """Hands a tracker's events to this worker's tasks of the job and, for a
         rebuild, sums their contributions."""
         await self.routing.reach(request.epoch, f"tracking events of job {request.job_id}")
+        self.trackers.heard_completed(request.job_id, unpack(request.completed))
+        known = pack(self.trackers.known_completed(request.job_id, unpack(request.collect)))
         runtime = self.jobs.get(request.job_id)
         if runtime is None:
-            return worker_pb2.TrackingEventsResponse(complete=True)
+            return worker_pb2.TrackingEventsResponse(complete=True, known_completed=known)
         completed = unpack(request.completed).tolist()
         failed = unpack(request.failed).tolist()
         abandoned = unpack(request.abandoned).tolist()
         collect = {int(r) for r in unpack(request.collect)}
-        complete = True
         owners = self.routing.owners.get(request.job_id, [])
         epoch = self.routing.epoch
-        for partition, owner in enumerate(owners):
-            if owner != self.node_id:
-                continue
-            for task in range(len(runtime.tasks)):
-                runner = runtime.runners.get((task, partition))
-                if runner is None or not runner.ready.is_set():
-                    complete = False
+        owned = [(task, partition) for partition, owner in enumerate(owners)
+                 if owner == self.node_id for task in range(len(runtime.tasks))]
+        complete = all(k in runtime.runners and runtime.runners[k].ready.is_set() for k in owned)
         contributions: dict[int, int] = {}
         through: dict[str, int] = {}
         sources: set[int] = set()
@@ -305,7 +302,7 @@ class WorkerNode:
         pairs = [x for root, value in contributions.items() for x in (root, value)]
         return worker_pb2.TrackingEventsResponse(
             contributions=pack(pairs), complete=complete, reported_through=through,
-            source_pending=pack(sorted(sources)), epoch=epoch)
+            source_pending=pack(sorted(sources)), epoch=epoch, known_completed=known)
 
     async def _stop_task(self, runtime: JobRuntime, key: tuple[int, int]) -> None:
         """Stops a task whose partition moved away; its container stays readable

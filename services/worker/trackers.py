@@ -54,6 +54,10 @@ HANDOFF_TIMEOUT_S = 2.0
 MAX_ROOT_FAILURES = 3
 """Timeouts after which a root whose rebuilds never complete it is abandoned
 (logged at ERROR and reported as data loss), so no root times out forever."""
+COMPLETIONS_KEPT_S = 60.0
+"""How long a worker remembers the roots it knows completed (at least twice a
+job's tracking timeout): far longer than a restore takes, since a restored
+source asks for its rebuilds at once."""
 
 
 def pack(values: U64 | list[int]) -> bytes:
@@ -141,6 +145,11 @@ class TrackerHost:
         self._events: dict[str, list[U64]] = {}
         """job -> completed roots not yet announced to every worker."""
         self._recently_completed: deque[tuple[float, str, U64]] = deque()
+        """(when, job, roots) of completions this worker knows: those of its
+        own trackers and those any tracker announced to it. A rebuild asks
+        every worker, so a completion outlives the tracker host, the tasks
+        and the partition owners that saw it, for as long as one worker
+        that heard it lives."""
         self._handoffs: dict[str, list[U64]] = {}
         """job -> roots this host stopped tracking (moved by a resize, or its
         tracker went to another host) whose new trackers must rebuild them."""
@@ -223,6 +232,16 @@ class TrackerHost:
             self._events.setdefault(job_id, []).append(roots)
             self._recently_completed.append((time.monotonic(), job_id, roots))
 
+    def heard_completed(self, job_id: str, roots: U64) -> None:
+        """Remembers completions a tracker announced to this worker."""
+        if roots.size:
+            self._recently_completed.append((time.monotonic(), job_id, roots))
+
+    def known_completed(self, job_id: str, roots: Collection[int]) -> U64:
+        """Which of ``roots`` completed recently, as far as this worker knows."""
+        asked = np.fromiter(roots, dtype=np.uint64, count=len(roots))
+        return asked[np.isin(asked, self._recent(job_id))] if asked.size else asked
+
     def _start_rebuild(self, key: tuple[str, int], roots: set[int], failed: bool) -> None:
         rebuild = self._rebuilds.setdefault(key, _Rebuild())
         rebuild.roots |= roots
@@ -274,9 +293,8 @@ class TrackerHost:
                     self._start_rebuild((job_id, tracker), set(retry), failed=True)
                 if give_up:
                     self._abandon(job_id, give_up)
-        while self._recently_completed and (
-            now - self._recently_completed[0][0] > 2 * max(self.timeouts.values() or [30.0])
-        ):
+        kept = max(COMPLETIONS_KEPT_S, 2 * max(self.timeouts.values() or [0.0]))
+        while self._recently_completed and now - self._recently_completed[0][0] > kept:
             self._recently_completed.popleft()
         for key in list(self._rebuilds):
             await self._rebuild(key)
@@ -392,16 +410,8 @@ class TrackerHost:
             return
         # The tasks have been told; their lost batches are appended again.
         rebuild.failed -= {int(r) for r in failed}
-        values = {int(r): 0 for r in roots}
-        through: dict[str, int] = {}
-        source_pending: set[int] = set()
-        for answer in answers.values():
-            assert answer is not None
-            pairs = unpack(answer.contributions).reshape(-1, 2).tolist()
-            for root, value in pairs:
-                values[root] = values.get(root, 0) ^ value
-            through.update(answer.reported_through)
-            source_pending |= {int(r) for r in unpack(answer.source_pending)}
+        round_ = RebuildRound.of(roots, [a for a in answers.values() if a is not None])
+        values, through = round_.values, round_.through
         # Roots added to the rebuild while the workers answered wait for the
         # next round, with the reports held for them.
         still_held = []
@@ -423,9 +433,7 @@ class TrackerHost:
             self._rebuilds.pop(key, None)
         table = self._table(job_id, tracker)
         table.remove(roots)
-        recent = self._recent(job_id)
-        finished = [r for r in values
-                    if r not in source_pending or (recent.size and bool(np.isin(r, recent)))]
+        finished = round_.finished()
         for root in finished:
             values.pop(root)
         if values:
@@ -441,6 +449,42 @@ class TrackerHost:
     def _recent(self, job_id: str) -> U64:
         parts = [roots for _, job, roots in self._recently_completed if job == job_id]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+
+
+@dataclass
+class RebuildRound:
+    """The workers' answers to one rebuild round, summed per root."""
+
+    values: dict[int, int]
+    """root -> XOR of every task's contributions (zero: the tree is complete)."""
+    through: dict[str, int]
+    """reporter -> sequence of its last report the contributions include."""
+    source_pending: set[int]
+    """Roots a source task still holds as pending."""
+    known_completed: set[int]
+    """Roots some worker knows completed recently."""
+
+    @classmethod
+    def of(cls, roots: U64, answers: list[worker_pb2.TrackingEventsResponse]) -> RebuildRound:
+        """Sums the answers for ``roots``."""
+        round_ = cls({int(r): 0 for r in roots}, {}, set(), set())
+        for answer in answers:
+            for root, value in unpack(answer.contributions).reshape(-1, 2).tolist():
+                round_.values[root] = round_.values.get(root, 0) ^ value
+            round_.through.update(answer.reported_through)
+            round_.source_pending.update(unpack(answer.source_pending).tolist())
+            round_.known_completed.update(unpack(answer.known_completed).tolist())
+        return round_
+
+    def finished(self) -> list[int]:
+        """Roots that are finished whatever their sum: no source task holds
+        them any more, or a worker knows they completed. The second case is
+        a source restored from a snapshot taken before its root completed:
+        it holds the root again, while the tasks that processed the rest of
+        the tree let go of their contributions when it completed, so the
+        sum can never reach zero again."""
+        return [r for r in self.values
+                if r not in self.source_pending or r in self.known_completed]
 
 
 class TrackingReporter:

@@ -33,10 +33,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-RECENT_S = 60.0
-"""How long a task keeps a completed root's contribution for rebuilds (far
-longer than a restore takes: a restored source asks for its rebuilds at once)."""
-
 
 @dataclass
 class TrackingFigures:
@@ -76,13 +72,6 @@ class TaskTracking:
     figures: TrackingFigures = field(default_factory=TrackingFigures)
     sequence: int = 0
     """Reports sent so far (their sequence numbers)."""
-    recent: dict[int, tuple[float, int]] = field(default_factory=dict)
-    """root -> (when it completed, this task's part of its checkValue), for
-    roots completed in the last :data:`RECENT_S`. A source restored from a
-    snapshot taken before a root completed tracks that root again, and its
-    tracker (perhaps a new host with no memory of it) rebuilds it from the
-    tasks: without these parts, the tasks that had let go of the root would
-    answer nothing and a complete tree would look lost."""
 
     def retain(self, offset: int, root: int) -> None:
         """A batch of ``root`` is in the container at ``offset``."""
@@ -130,31 +119,14 @@ class TaskTracking:
             if entry is not None and offset in self.root_at:  # not completed meanwhile
                 self.reported[offset] = entry
 
-    def finished(self, roots: list[int], abandoned: bool = False,
-                 now: float | None = None) -> int:
-        """Forgets completed (or abandoned) roots, keeping a completed root's
-        contribution for a while (:attr:`recent`); returns how many were
-        pending here."""
-        now = time.monotonic() if now is None else now
-        recent = self.recent
-        while recent:  # oldest first (insertion order)
-            oldest = next(iter(recent))
-            if now - recent[oldest][0] <= RECENT_S:
-                break
-            del recent[oldest]
+    def finished(self, roots: list[int], abandoned: bool = False) -> int:
+        """Forgets completed (or abandoned) roots; returns how many were pending here."""
         count = 0
         for root in roots:
             offsets = self.pending.pop(root, None)
             if offsets is None:
                 continue
             count += 1
-            if not abandoned:
-                part = root if root in self.registered else 0
-                for offset in offsets:
-                    entry = self.reported.get(offset)
-                    if entry is not None:
-                        part ^= entry[1]
-                recent[root] = (now, part)
             self.registered.discard(root)
             self.contributed.pop(root, None)
             self.since.pop(root, None)
@@ -191,9 +163,6 @@ class TaskTracking:
         for root, value in self.reported.values():
             if root in roots:
                 out[root] = out.get(root, 0) ^ value
-        for root in roots & self.recent.keys():
-            if root not in self.pending:  # completed here, tracked again elsewhere
-                out[root] = self.recent[root][1]
         return out
 
     def reported_roots(self) -> set[int]:

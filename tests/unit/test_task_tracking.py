@@ -4,11 +4,15 @@ rebuild collects, lost batches and the retained-input bound."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any, cast
 
 import numpy as np
 
-from services.worker.trackers import _layout
-from services.worker.tracking import RECENT_S, TaskTracking
+from gridstream import rpc
+from gridstream.routing import RoutingView
+from gridstream.v1 import worker_pb2
+from services.worker.trackers import RebuildRound, TrackerHost, _layout, pack
+from services.worker.tracking import TaskTracking
 
 ROOT = 0xA1
 CHILD_1, CHILD_2 = 0xB1, 0xB2
@@ -128,10 +132,10 @@ def test_overdue_roots_are_asked_for_once_per_period() -> None:
 
 def test_a_source_restored_from_before_a_completion_still_completes_its_root() -> None:
     # The source's snapshot was taken while ROOT was pending; the tree then
-    # completed and every task let go of it; the source's worker died with
-    # the tracker's host. The restored source tracks ROOT again and its new
-    # tracker rebuilds it from the tasks: the others' recent parts keep the
-    # sum whole, so a complete tree is not taken for a lost one.
+    # completed (on a tracker host that has died since) and every task let
+    # go of it. The restored source tracks ROOT again, and its new tracker
+    # rebuilds it: the tasks' sum can never reach zero again, but a worker
+    # that heard the completion says so, and the root finishes.
     source, sink = TaskTracking(is_source=True), TaskTracking(is_source=False)
     source.retain(0, ROOT)
     source.mark_registered([ROOT])
@@ -142,22 +146,33 @@ def test_a_source_restored_from_before_a_completion_still_completes_its_root() -
     sink.processed(0, CHILD_1, [])
     sink.mark_reported([0])
     assert tree_total(source, sink) == {ROOT: 0}
-    sink.finished([ROOT], now=100.0)
+    sink.finished([ROOT])
     restored = TaskTracking(is_source=True)
     restored.retain(0, ROOT)
     restored.restore(saved, snapshot_offset=1)
-    assert tree_total(restored, sink) == {ROOT: 0}
-    # An abandoned root leaves nothing behind, and parts expire after RECENT_S.
-    assert sink.contributions({ROOT}) == {ROOT: CHILD_1}
-    sink.finished([], now=100.0 + RECENT_S + 1)
-    assert sink.contributions({ROOT}) == {}
-    other = TaskTracking(is_source=False)
-    other.retain(0, ROOT)
-    other.processed(0, CHILD_1, [])
-    other.mark_reported([0])
-    other.finished([ROOT], abandoned=True)
-    assert other.contributions({ROOT}) == {}
+    assert tree_total(restored, sink) != {ROOT: 0}
 
+    def answer(task: TaskTracking, known: list[int]) -> worker_pb2.TrackingEventsResponse:
+        pairs = [x for r, v in task.contributions({ROOT}).items() for x in (r, v)]
+        pending = [r for r in task.pending if task.is_source]
+        return worker_pb2.TrackingEventsResponse(
+            contributions=pack(pairs), complete=True, source_pending=pack(pending),
+            known_completed=pack(known))
+
+    roots = np.asarray([ROOT], dtype=np.uint64)
+    unheard = RebuildRound.of(roots, [answer(restored, []), answer(sink, [])])
+    assert unheard.values[ROOT] != 0 and unheard.finished() == []
+    heard = RebuildRound.of(roots, [answer(restored, []), answer(sink, [ROOT])])
+    assert heard.finished() == [ROOT]
+
+
+def test_a_worker_remembers_the_completions_it_heard() -> None:
+    # Nothing here reaches the routing view or a channel: no stub needed.
+    host = TrackerHost("worker-1", RoutingView(cast(Any, None), 64), rpc.ChannelPool())
+    host.heard_completed("job", np.asarray([ROOT, CHILD_1], dtype=np.uint64))
+    assert host.known_completed("job", [ROOT, CHILD_2]).tolist() == [ROOT]
+    assert host.known_completed("other-job", [ROOT]).size == 0
+    assert host.known_completed("job", []).size == 0
 
 def test_a_tracker_host_that_restarted_moves_its_roots() -> None:
     # Same node names, one host in a new process: its roots must be rebuilt.
