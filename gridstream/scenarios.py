@@ -82,6 +82,8 @@ class HistoryRun:
     losses: list[str] = field(default_factory=list)
     wrongly_convicted: list[str] = field(default_factory=list)
     records: int = 0
+    state_keys: int = 0
+    """Keys of state loaded before the faults (see ``run_history``)."""
     seconds: float = 0.0
 
     def table(self) -> str:
@@ -100,7 +102,8 @@ class HistoryRun:
             if values:
                 lines.append(f"{label}: median {statistics.median(values):.2f} s, "
                              f"max {max(values):.2f} s over {len(values)} faults")
-        lines.append(f"{self.records:,} records in {self.seconds:.1f} s; "
+        state = f" over {self.state_keys:,} keys of loaded state" if self.state_keys else ""
+        lines.append(f"{self.records:,} records in {self.seconds:.1f} s{state}; "
                      f"{self.verdict.summary()}")
         if self.losses:
             lines.append("named losses: " + "; ".join(self.losses))
@@ -202,13 +205,19 @@ async def run_history(
     drain_timeout_s: float = 180.0,
     tracking_timeout_s: float = 0.0,
     isolate: bool = False,
+    state_keys: int = 0,
 ) -> HistoryRun:
     """Runs the history job on a fresh supervised local cluster through the
-    scenario; returns the faults and the checker's verdict."""
+    scenario; returns the faults and the checker's verdict.
+
+    With ``state_keys``, that many other keys (one record each) are sent and
+    drained before the stream starts, so every fault lands on tasks holding
+    that much keyed state: their restores read it back, and the checker
+    judges those keys too."""
     rng = random.Random(seed)
     send_keys, values = history.generate(records, keys, seed)
     sent = history.sent_counts(values)
-    run = HistoryRun(records=len(values))
+    run = HistoryRun(records=len(values), state_keys=state_keys)
     cluster = LocalCluster(run_dir, config, workers=workers, state_servers=2, supervise=True,
                            restart_delay_s=1.0, extra_env=extra_env)
     proxy: FaultProxy | None = None
@@ -223,6 +232,8 @@ async def run_history(
         if tracking_timeout_s:
             spec = replace(spec, tracking_timeout_s=tracking_timeout_s)
         job_id = await client.submit(spec)
+        if state_keys:
+            sent.update(await _load_state(client, job_id, state_keys, drain_timeout_s))
         sender = Sender(client, job_id, send_keys, values, stream_s, chunk)
         started = time.monotonic()
         wall_started = time.time()
@@ -260,6 +271,19 @@ async def run_history(
         fault.resumed_s = sender.resumed_after(fault.mono_at)
     run.verdict = check_history(actual, sent)
     return run
+
+
+async def _load_state(client: Client, job_id: str, count: int,
+                      timeout_s: float) -> dict[str, int]:
+    """Sends one record for each of ``count`` keys of their own and waits until
+    they are processed; returns the records sent per key."""
+    names = [f"s{i:08d}" for i in range(count)]
+    step = 50_000
+    for start in range(0, count, step):
+        part = names[start:start + step]
+        await client.send(job_id, [[name, 1] for name in part], part)
+    await client.drain(job_id, timeout_s=timeout_s)
+    return dict.fromkeys(names, 1)
 
 
 async def _detections(client: Client, fault: FaultRecord) -> list[float | None]:

@@ -123,3 +123,15 @@ async def test_a_kill_every_four_seconds_for_a_minute(tmp_path: Path) -> None:
                             config=config(), seed=6, tracking_timeout_s=5.0)
     assert_exact(run)
     assert len(run.faults) == 15 and all(f.detected_s is not None for f in run.faults)
+
+
+async def test_kills_with_a_million_keys_of_state(tmp_path: Path) -> None:
+    # Every task of the fold holds its share of a million keys when the
+    # faults land: restores read large window snapshots (a base and its
+    # deltas) back while records are in flight, and every key, loaded or
+    # streamed, must come out exact.
+    steps = [Step("kill", 2.0), Step("kill", 5.0), Step("pause", 9.0, pause_s=3.0)]
+    run = await run_history(steps, tmp_path, records=30_000, stream_s=13.0,
+                            config=config(), seed=8, state_keys=1_000_000)
+    assert_exact(run)
+    assert run.verdict.keys >= 1_000_000
