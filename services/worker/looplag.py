@@ -7,14 +7,20 @@ them, and a delay of three heartbeat intervals gets a busy worker suspected
 measures how late it woke; the worst lateness of each ``period_s`` is logged
 (INFO from ``report_s``, WARNING from a heartbeat interval) so a stall is
 named with its size, and :attr:`LoopLagMonitor.worst_s` keeps the worst
-since the start for status and benchmarks.
+since the start for status and benchmarks. A stall that lasts a heartbeat
+interval is also named by *where* it is: a watcher thread logs the loop
+thread's stack while it is still held, once per stall, so the step to chunk
+or move off the loop is in the log, not left to guessing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import threading
 import time
+import traceback
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +62,68 @@ class LoopLagMonitor:
     async def run(self) -> None:
         """Ticks until cancelled; the last period is reported on the way out."""
         period_end = time.monotonic() + self.period_s
+        watcher = StallWatcher(threading.get_ident(), self.heartbeat_interval_s)
+        watcher.start()
         try:
             while True:
                 before = time.monotonic()
                 await asyncio.sleep(self.tick_s)
                 now = time.monotonic()
+                watcher.ticked(now)
                 self.observe(max(0.0, now - before - self.tick_s))
                 if now >= period_end:
                     self.report()
                     period_end = now + self.period_s
         finally:
+            watcher.stop()
             self.report()
+
+
+class StallWatcher:
+    """A thread that logs where the event loop is held while it is held.
+
+    The loop calls :meth:`ticked` at every wake-up; when none came for
+    ``threshold_s``, the thread takes the loop thread's current stack
+    (``sys._current_frames``) and logs it at WARNING, once per stall. It
+    sleeps between checks, so it costs nothing measurable; it is a daemon
+    and :meth:`stop` joins it.
+    """
+
+    def __init__(self, loop_thread: int, threshold_s: float, check_s: float = 0.05) -> None:
+        self.loop_thread = loop_thread
+        self.threshold_s = threshold_s
+        self.check_s = check_s
+        self.stalls_logged = 0
+        self._last_tick = time.monotonic()
+        self._reported_tick = -1.0
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="loop stall watcher",
+                                        daemon=True)
+
+    def start(self) -> None:
+        """Starts watching."""
+        self._thread.start()
+
+    def ticked(self, now: float) -> None:
+        """The loop woke up at ``now``."""
+        self._last_tick = now
+
+    def stop(self) -> None:
+        """Stops the thread and waits for it."""
+        self._stopped.set()
+        self._thread.join(timeout=1.0)
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self.check_s):
+            last = self._last_tick
+            held = time.monotonic() - last
+            if held < self.threshold_s or last == self._reported_tick:
+                continue
+            self._reported_tick = last
+            frame = sys._current_frames().get(self.loop_thread)
+            if frame is None:
+                continue
+            stack = "".join(traceback.format_stack(frame, limit=12))
+            self.stalls_logged += 1
+            log.warning("event loop held for %.2f s so far (heartbeat interval %.2f s), "
+                        "at:\n%s", held, self.threshold_s, stack.rstrip())

@@ -33,6 +33,8 @@ async def test_a_stall_is_measured_and_logged(caplog: pytest.LogCaptureFixture) 
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING
                 and "event loop lag: worst" in r.getMessage()]
     assert warnings, caplog.text
+    where = [r.getMessage() for r in caplog.records if "event loop held for" in r.getMessage()]
+    assert len(where) == 1 and "hold_loop" in where[0], caplog.text  # once, naming the step
 
 
 def test_small_lateness_is_not_reported(caplog: pytest.LogCaptureFixture) -> None:
