@@ -247,6 +247,10 @@ async def _up(args: argparse.Namespace) -> int:
                        else "off")
             print(f"  {member.name:<12} pid {member.pid:<8} {member.address:<22} "
                   f"metrics {metrics:<40} log {member.log_path}")
+        if cluster.console_url:
+            needs = (" (needs a token with the read right: add ?token=TOKEN once)"
+                     if cluster.config.security.tokens_file else "")
+            print(f"  {'console':<12} {cluster.console_url}{needs}")
         print("Ctrl-C (or SIGTERM, SIGHUP) stops it gracefully; if this process is killed, "
               "its members stop too.", flush=True)
         await stop.wait()

@@ -115,6 +115,14 @@ class SchedulerConfig:
     (``0.0.0.0``) only where the network itself is trusted, or scrape it
     through a local agent or an authenticating proxy."""
 
+    console_port: int = 7401
+    """Port of the web console (docs/console.md), served by the scheduler on
+    ``host``: HTTPS with the member certificate when security.tls is on, and
+    asking for a token with the read right when security.tokens_file is set.
+    Next to the default scheduler port; 0 picks a free one (logged, and
+    written to the ready file), -1 turns the console off. A local cluster
+    whose scheduler takes a free port takes a free console port too."""
+
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -284,6 +292,8 @@ class Config:
             ("worker.output_batch_records", self.worker.output_batch_records >= 1, "must be >= 1"),
             ("worker.push_timeout_s", self.worker.push_timeout_s > 0, "must be > 0"),
             ("worker.max_record_attempts", self.worker.max_record_attempts >= 1, "must be >= 1"),
+            ("scheduler.console_port", -1 <= self.scheduler.console_port <= 65535,
+             "must be -1 (off), 0 (any free port) or a port number"),
             ("stateserver.keep_windows", self.stateserver.keep_windows >= 1, "must be >= 1"),
             ("cluster.tracker_count", 1 <= self.cluster.tracker_count <= 4096, "must be 1..4096"),
             ("cluster.task_restarts_before_move",

@@ -53,6 +53,8 @@ class MemberProcess:
     process: subprocess.Popen[bytes] | None = None
     address: str = ""
     metrics_address: str = ""
+    console_url: str = ""
+    """The scheduler's web console (empty for other members, or when off)."""
     restarts: int = 0
     _log_handle: object | None = field(default=None, repr=False)
 
@@ -164,6 +166,7 @@ class LocalCluster:
         ready = json.loads(member.ready_file.read_text())
         member.address = ready["address"]
         member.metrics_address = ready.get("metrics", "")
+        member.console_url = ready.get("console", "")
         await wait_healthy(member.address, max(1.0, deadline - time.monotonic()),
                            security=self.config.security)
 
@@ -198,10 +201,14 @@ class LocalCluster:
         """Starts every process and waits until all are healthy."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._prepare_secret()
+        console_port = self.config.scheduler.console_port
+        if self.scheduler_port == 0 and console_port > 0:
+            console_port = 0  # a free scheduler port, a free console port
         scheduler = self._member(
             "scheduler", "scheduler",
             ["--host", self.host, "--port", str(self.scheduler_port),
-             "--data-dir", str(self.run_dir / "scheduler")],
+             "--data-dir", str(self.run_dir / "scheduler"),
+             "--console-port", str(console_port)],
         )
         self._write_config()
         self._spawn(scheduler)
@@ -210,6 +217,9 @@ class LocalCluster:
         # A restarted scheduler must come back on the same port: members know it.
         port = self.scheduler_address.rsplit(":", 1)[1]
         scheduler.argv[scheduler.argv.index("--port") + 1] = port
+        if scheduler.console_url:  # and its console on the same one, for bookmarks
+            bound = scheduler.console_url.rstrip("/").rsplit(":", 1)[1]
+            scheduler.argv[scheduler.argv.index("--console-port") + 1] = bound
         self.config = replace(self.config, scheduler_address=self.scheduler_address)
         self._write_config()
         others = []
@@ -372,6 +382,12 @@ class LocalCluster:
             codes[member.name] = member.process.returncode if member.process else None
             self._reap(member)
         return codes
+
+    @property
+    def console_url(self) -> str:
+        """The web console's address ('' before start, or when it is off)."""
+        scheduler = self.members.get("scheduler")
+        return scheduler.console_url if scheduler is not None else ""
 
     async def __aenter__(self) -> LocalCluster:
         try:

@@ -67,6 +67,8 @@ class SchedulerCore:
         self.stopping: dict[str, str] = {}
         """node id -> the incarnation that announced its stop (see ``announced``)."""
         self.tracker_count = config.cluster.tracker_count
+        self.warnings: list[scheduler_pb2.ClusterWarning] = []
+        """Warnings active at the monitor's last sample (services.scheduler.monitor)."""
 
     def channel(self, address: str) -> grpc.aio.Channel:
         """A cached channel to a member."""
@@ -415,7 +417,7 @@ class SchedulerCore:
         return scheduler_pb2.ClusterStatus(
             epoch=self.membership.epoch, members=members,
             jobs=[j.to_proto() for j in self.registry.jobs.values()],
-            events=list(self.events))
+            events=list(self.events), warnings=self.warnings)
 
 
 class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):

@@ -36,7 +36,7 @@ def test_pending_and_failed_roots_and_what_holds_the_drain_are_shown() -> None:
 def test_a_restarted_task_names_its_error() -> None:
     warnings = job_warnings("j", progress(restarts=3, last_error="RecursionError: deep"))
     assert warnings == ["j task 0 partition 3 on worker-2: restarted 3 times from its snapshot "
-                        "(last error: RecursionError: deep); see that worker's log"]
+                        "(last error: RecursionError: deep) — see that worker's log"]
 
 
 def test_a_partition_moved_off_a_failing_worker_is_named() -> None:
