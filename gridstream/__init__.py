@@ -1,7 +1,8 @@
 """gridstream: a stream-processing cluster with in-memory-grid fault tolerance.
 
 The public face is small: the SDK (:class:`Client`, :class:`SyncClient`),
-jobs (:class:`JobSpec`, :class:`Stage`) and the typed errors.
+jobs (:class:`JobSpec`, :class:`Stage`), the typed answers of the SDK
+(:mod:`gridstream.types`: enums and dataclasses) and the typed errors.
 """
 
 from gridstream.client import Client
@@ -17,19 +18,49 @@ from gridstream.errors import (
 )
 from gridstream.jobspec import JobSpec, Stage, load_job_file
 from gridstream.sync import SyncClient
+from gridstream.types import (
+    ClusterStatus,
+    ClusterWarning,
+    DeadLetter,
+    JobInfo,
+    JobProgress,
+    JobRouting,
+    JobState,
+    Member,
+    MemberEvent,
+    MemberRole,
+    MemberState,
+    MemberStatus,
+    RoutingTable,
+    TaskProgress,
+)
 
 __all__ = [
     "Client",
+    "ClusterStatus",
+    "ClusterWarning",
+    "DeadLetter",
     "DeadlineExceeded",
     "FailedPrecondition",
     "GridstreamError",
     "InvalidArgument",
+    "JobInfo",
+    "JobProgress",
+    "JobRouting",
     "JobSpec",
+    "JobState",
+    "Member",
+    "MemberEvent",
+    "MemberRole",
+    "MemberState",
+    "MemberStatus",
     "NotFound",
     "ResourceExhausted",
+    "RoutingTable",
     "Stage",
     "StaleEpoch",
     "SyncClient",
+    "TaskProgress",
     "Unavailable",
     "load_job_file",
 ]

@@ -18,13 +18,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gridstream import rpc
 from gridstream.config import SecurityConfig
 from gridstream.errors import DeadlineExceeded, Unavailable, from_rpc_error
+from gridstream.types import Member
 from gridstream.v1 import scheduler_pb2
 
 UNREACHABLE_EXIT_CODE = 2
 """Exit status of a command that could not reach the scheduler (as for a
 configuration error: nothing was done)."""
 
-ROLE_NAMES = {scheduler_pb2.MEMBER_ROLE_WORKER: "worker",
+ROLE_NAMES: dict[int, str] = {scheduler_pb2.MEMBER_ROLE_WORKER: "worker",
               scheduler_pb2.MEMBER_ROLE_STATE_SERVER: "stateserver"}
 MEMBER_STATES = {0: "gone", 1: "alive", 2: "suspect", 3: "dead", 4: "leaving"}
 
@@ -112,7 +113,7 @@ async def cluster_health(scheduler: str, security: SecurityConfig | None,
         status = await client.status()
     members = [m.member for m in status.members]
 
-    async def one(member: scheduler_pb2.Member) -> MemberHealth:
+    async def one(member: Member) -> MemberHealth:
         state = MEMBER_STATES.get(member.state, "?")
         health = ("-" if state == "gone"
                   else await check_serving(member.address, security, timeout_s))
@@ -148,7 +149,8 @@ async def run_health(args: argparse.Namespace, scheduler: str,
 async def run_dead_letters(args: argparse.Namespace, scheduler: str,
                            security: SecurityConfig) -> int:
     """``gridstream dead-letters JOB``: one JSON object per line (id, stage,
-    record, error), for jq and log tools; nothing on stdout when there are none."""
+    key, record as JSON where representable, record_format, error and its
+    traceback), for jq and log tools; nothing on stdout when there are none."""
     from gridstream.client import Client
 
     async with Client(scheduler, security=security) as client:
@@ -157,8 +159,7 @@ async def run_dead_letters(args: argparse.Namespace, scheduler: str,
         print(f"job {args.job_id} has no dead letters", file=sys.stderr)
         return 0
     for letter in letters[: args.limit or None]:
-        print(json.dumps({"id": letter["id"], "stage": letter["stage"],
-                          "record": letter["record"], "error": letter["error"]}))
+        print(json.dumps(letter.to_json()))
     return 0
 
 

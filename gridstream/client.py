@@ -20,16 +20,15 @@ import asyncio
 import collections
 import itertools
 import json
-import time
 import uuid
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import grpc
 
 from gridstream import codec, rpc
 from gridstream.config import SecurityConfig
+from gridstream.control import ControlCalls
 from gridstream.errors import (
     BATCH_TOO_LARGE,
     DataLoss,
@@ -44,12 +43,11 @@ from gridstream.errors import (
     from_rpc_error,
 )
 from gridstream.ids import partition_for_key
-from gridstream.jobspec import JobSpec, load_job_file, validate
 from gridstream.replicas import ReplicaClient
 from gridstream.retry import Backoff, RetryExhausted
 from gridstream.routing import RoutingView
+from gridstream.types import DeadLetter, RoutingTable
 from gridstream.v1 import (
-    common_pb2,
     scheduler_pb2,
     scheduler_pb2_grpc,
     worker_pb2,
@@ -77,8 +75,9 @@ def _too_large(error: GridstreamError) -> bool:
     return isinstance(error, ResourceExhausted) and BATCH_TOO_LARGE in str(error)
 
 
-class Client:
-    """An asyncio connection to a gridstream cluster."""
+class Client(ControlCalls):
+    """An asyncio connection to a gridstream cluster: the data path here, the
+    scheduler calls (jobs, progress, drain, status) in :class:`ControlCalls`."""
 
     def __init__(
         self,
@@ -128,111 +127,15 @@ class Client:
     def _channel(self, address: str) -> grpc.aio.Channel:
         return self._channels.get(address)
 
-    async def _call(self, what: str, call: Any, request: Any, deadline_s: float) -> Any:
-        try:
-            return await call(request, timeout=deadline_s)
-        except grpc.aio.AioRpcError as exc:
-            raise from_rpc_error(exc, what) from None
-
-    # -- jobs -------------------------------------------------------------
-
-    async def submit(self, job: JobSpec | str | Path) -> str:
-        """Submits a job (a JobSpec or the path of a job TOML file); returns its id.
-        Raises InvalidArgument when the job is malformed or an import path does
-        not resolve on the workers."""
-        spec = job if isinstance(job, JobSpec) else load_job_file(job)
-        validate(spec)
-        response = await self._call(
-            "submitting job", self._scheduler.SubmitJob,
-            scheduler_pb2.SubmitJobRequest(spec=spec.to_proto()), rpc.CONTROL_TIMEOUT_S * 3,
-        )
-        return str(response.job_id)
-
-    async def job(self, job_id: str) -> common_pb2.JobInfo:
-        """A job's description and state; NotFound for an unknown id."""
-        info: common_pb2.JobInfo = await self._call(
-            f"job {job_id}", self._scheduler.GetJob,
-            scheduler_pb2.GetJobRequest(job_id=job_id), rpc.CONTROL_TIMEOUT_S,
-        )
-        return info
-
-    async def jobs(self) -> list[common_pb2.JobInfo]:
-        """Every job the scheduler knows."""
-        response = await self._call("listing jobs", self._scheduler.ListJobs,
-                                    scheduler_pb2.ListJobsRequest(), rpc.CONTROL_TIMEOUT_S)
-        return list(response.jobs)
-
-    async def cancel(self, job_id: str) -> common_pb2.JobInfo:
-        """Cancels a job and deletes its state."""
-        info: common_pb2.JobInfo = await self._call(
-            f"cancelling {job_id}", self._scheduler.CancelJob,
-            scheduler_pb2.CancelJobRequest(job_id=job_id), rpc.CONTROL_TIMEOUT_S * 3,
-        )
-        return info
-
-    async def progress(self, job_id: str) -> scheduler_pb2.JobProgress:
-        """Per-task counters and whether the job has drained."""
-        progress: scheduler_pb2.JobProgress = await self._call(
-            f"progress of {job_id}", self._scheduler.GetJobProgress,
-            scheduler_pb2.GetJobProgressRequest(job_id=job_id), rpc.CONTROL_TIMEOUT_S * 2,
-        )
-        return progress
-
-    async def status(self) -> scheduler_pb2.ClusterStatus:
-        """Members, ring shares and jobs."""
-        status: scheduler_pb2.ClusterStatus = await self._call(
-            "cluster status", self._scheduler.GetClusterStatus,
-            scheduler_pb2.GetClusterStatusRequest(), rpc.CONTROL_TIMEOUT_S,
-        )
-        return status
-
-    async def drain(self, job_id: str, timeout_s: float = 300.0,
-                    poll_s: float = 0.1) -> scheduler_pb2.JobProgress:
-        """Waits until every record accepted so far is processed and its results
-        are durable (two consecutive drained reports with the same counters).
-        A scheduler that cannot be reached meanwhile (restarting, say) is asked
-        again until the deadline, which then names the last error."""
-        deadline = time.monotonic() + timeout_s
-        previous: tuple[int, ...] | None = None
-        while True:
-            try:
-                progress = await self.progress(job_id)
-            except (Unavailable, DeadlineExceeded) as exc:
-                if time.monotonic() > deadline:
-                    raise DeadlineExceeded(
-                        f"job {job_id} did not drain within {timeout_s:.0f}s; the scheduler "
-                        f"could not be asked: {exc}") from None
-                previous = None
-                await asyncio.sleep(max(poll_s, 0.25))
-                continue
-            totals = tuple(
-                itertools.chain.from_iterable(
-                    (t.records_in, t.records_processed, t.records_out) for t in progress.tasks
-                )
-            )
-            if progress.drained and totals == previous:
-                if progress.losses:
-                    raise DataLoss(
-                        f"job {job_id} drained, but acknowledged records were lost (more "
-                        "simultaneous failures than cluster.backup_count allows): "
-                        + "; ".join(progress.losses[:10])
-                        + (f"; and {len(progress.losses) - 10} more"
-                           if len(progress.losses) > 10 else ""))
-                return progress
-            previous = totals if progress.drained else None
-            if time.monotonic() > deadline:
-                raise DeadlineExceeded(
-                    f"job {job_id} did not drain within {timeout_s:.0f}s; still holding it: "
-                    f"{progress.holding or 'counters still changing'}"
-                    + (f"; lost: {'; '.join(progress.losses[:5])}" if progress.losses else "")
-                    + "; see `gridstream status --job` for every task")
-            await asyncio.sleep(poll_s)
-
     # -- data -------------------------------------------------------------
 
-    async def routing_table(self) -> scheduler_pb2.RoutingTable:
+    async def routing_table(self) -> RoutingTable:
         """The scheduler's current routing table: members with their
         incarnations, partition owners of every job, the tracker layout."""
+        return RoutingTable.from_proto(await self._fetch_table())
+
+    async def _fetch_table(self) -> scheduler_pb2.RoutingTable:
+        """Fetches the table the data path routes by (kept as the message)."""
         self._table = await self._call(
             "fetching the routing table", self._scheduler.GetRoutingTable,
             scheduler_pb2.GetRoutingTableRequest(), rpc.CONTROL_TIMEOUT_S,
@@ -241,15 +144,15 @@ class Client:
 
     async def _routing(self, job_id: str, refresh: bool = False) -> scheduler_pb2.JobRouting:
         if refresh or not any(j.job_id == job_id for j in self._table.jobs):
-            await self.routing_table()
+            await self._fetch_table()
         for job in self._table.jobs:
             if job.job_id == job_id:
                 if not job.owners:
                     raise Unavailable(f"job {job_id} has no workers to run on; start workers")
                 return job
         info = await self.job(job_id)  # NotFound for an id the scheduler never gave out
-        state = common_pb2.JobState.Name(info.state).removeprefix("JOB_STATE_").lower()
-        raise FailedPrecondition(f"job {job_id} is {state}{': ' + info.error if info.error else ''}"
+        raise FailedPrecondition(f"job {job_id} is {info.state.label}"
+                                 f"{': ' + info.error if info.error else ''}"
                                  "; it accepts no records")
 
     async def send(
@@ -539,34 +442,13 @@ class Client:
                                f"valid JSON ({short(value)})") from None
         return results
 
-    async def dead_letters(self, job_id: str) -> list[dict[str, str]]:
-        """Records an operator raised on: id, stage, record and error."""
+    async def dead_letters(self, job_id: str) -> list[DeadLetter]:
+        """Records an operator raised on, with the stage, the record (as JSON
+        where representable) and the error with its traceback."""
         await self.job(job_id)
         await self._state.routing.refresh()
-        return [
-            {"id": entry_id, "stage": stage, "record": record, "error": error}
-            for entry_id, stage, record, error in await self._state.read_dead_letters(job_id)
-        ]
-
-    # -- administration -----------------------------------------------------
-
-    async def set_tracker_count(self, count: int) -> int:
-        """Changes the number of tuple trackers while jobs run (admin right);
-        returns the epoch of the new layout."""
-        response = await self._call(
-            "setting the tracker count", self._scheduler.SetTrackerCount,
-            scheduler_pb2.SetTrackerCountRequest(count=count), rpc.CONTROL_TIMEOUT_S,
-        )
-        return int(response.epoch)
-
-    async def retire_state_server(self, node_id: str) -> int:
-        """Starts retiring a state server (admin right): it takes no new writes,
-        hands its share to the other replicas, then leaves. Returns the epoch."""
-        response = await self._call(
-            f"retiring {node_id}", self._scheduler.RetireMember,
-            scheduler_pb2.RetireMemberRequest(node_id=node_id), rpc.CONTROL_TIMEOUT_S,
-        )
-        return int(response.epoch)
+        return [DeadLetter.from_stored(*entry)
+                for entry in await self._state.read_dead_letters(job_id)]
 
 
 def _halves(batch: Batch) -> list[Batch]:

@@ -1,12 +1,13 @@
 """A blocking wrapper of :class:`gridstream.Client` for scripts and notebooks.
 
-It runs its own event loop in the calling thread; do not use it from inside
-a running event loop (use the async Client there).
+Every call of the asyncio client, blocking. The client lives on a private
+event loop in a thread of its own (:mod:`gridstream.loopthread`), so it works
+the same from a plain script and from code that already runs an event loop,
+such as a Jupyter notebook, where ``asyncio.run`` would refuse to start.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,23 +15,37 @@ from typing import Any
 from gridstream.client import DEFAULT_BATCH_SIZE, Client
 from gridstream.config import SecurityConfig
 from gridstream.jobspec import JobSpec
-from gridstream.v1 import common_pb2, scheduler_pb2
+from gridstream.loopthread import LoopThread
+from gridstream.types import ClusterStatus, DeadLetter, JobInfo, JobProgress, RoutingTable
+from gridstream.v1 import scheduler_pb2
 
 
 class SyncClient:
-    """Same calls as Client, blocking."""
+    """Same calls as :class:`Client`, blocking; usable inside a running loop."""
 
     def __init__(self, scheduler: str, *, batch_size: int = DEFAULT_BATCH_SIZE,
-                 producer_id: str | None = None, security: SecurityConfig | None = None) -> None:
-        self._runner = asyncio.Runner()
-        self._client: Client = self._runner.run(
-            self._make(scheduler, batch_size, producer_id, security))
+                 producer_id: str | None = None, send_timeout_s: float = 60.0,
+                 security: SecurityConfig | None = None) -> None:
+        """Takes the arguments of :class:`Client`."""
+        self._loop = LoopThread()
+        try:
+            self._client: Client = self._loop.run(self._make(
+                scheduler, batch_size, producer_id, send_timeout_s, security))
+        except BaseException:
+            self._loop.close()
+            raise
 
     @staticmethod
     async def _make(scheduler: str, batch_size: int, producer_id: str | None,
-                    security: SecurityConfig | None) -> Client:
+                    send_timeout_s: float, security: SecurityConfig | None) -> Client:
+        # gRPC's asyncio channels belong to the loop they are made on.
         return Client(scheduler, batch_size=batch_size, producer_id=producer_id,
-                      security=security)
+                      send_timeout_s=send_timeout_s, security=security)
+
+    @property
+    def client(self) -> Client:
+        """The asyncio client underneath (its coroutines run on the private loop)."""
+        return self._client
 
     def __enter__(self) -> SyncClient:
         return self
@@ -39,46 +54,76 @@ class SyncClient:
         self.close()
 
     def close(self) -> None:
-        """Closes the connection and the private event loop."""
-        self._runner.run(self._client.close())
-        self._runner.close()
+        """Closes the connection and the private event loop; a second call does nothing."""
+        try:
+            self._loop.run(self._client.close())
+        except RuntimeError:
+            pass  # closed already
+        finally:
+            self._loop.close()
 
     def submit(self, job: JobSpec | str | Path) -> str:
         """See :meth:`Client.submit`."""
-        return self._runner.run(self._client.submit(job))
+        return self._loop.run(self._client.submit(job))
 
-    def send(self, job_id: str, values: Iterable[Any], keys: Sequence[Any] | None = None) -> int:
+    def send(self, job_id: str, values: Iterable[Any], keys: Sequence[Any] | None = None, *,
+             producer: str | None = None, first_sequence: int | None = None) -> int:
         """See :meth:`Client.send`."""
-        return self._runner.run(self._client.send(job_id, values, keys))
+        return self._loop.run(self._client.send(job_id, values, keys, producer=producer,
+                                                first_sequence=first_sequence))
 
     def flush(self, job_id: str) -> None:
         """See :meth:`Client.flush`."""
-        self._runner.run(self._client.flush(job_id))
+        self._loop.run(self._client.flush(job_id))
 
-    def drain(self, job_id: str, timeout_s: float = 300.0) -> scheduler_pb2.JobProgress:
+    def drain(self, job_id: str, timeout_s: float = 300.0, poll_s: float = 0.1) -> JobProgress:
         """See :meth:`Client.drain`."""
-        return self._runner.run(self._client.drain(job_id, timeout_s))
+        return self._loop.run(self._client.drain(job_id, timeout_s, poll_s))
+
+    def progress(self, job_id: str) -> JobProgress:
+        """See :meth:`Client.progress`."""
+        return self._loop.run(self._client.progress(job_id))
+
+    def progress_message(self, job_id: str) -> scheduler_pb2.JobProgress:
+        """See :meth:`Client.progress_message`."""
+        return self._loop.run(self._client.progress_message(job_id))
 
     def results(self, job_id: str) -> dict[str, Any]:
         """See :meth:`Client.results`."""
-        return self._runner.run(self._client.results(job_id))
+        return self._loop.run(self._client.results(job_id))
 
-    def dead_letters(self, job_id: str) -> list[dict[str, str]]:
+    def dead_letters(self, job_id: str) -> list[DeadLetter]:
         """See :meth:`Client.dead_letters`."""
-        return self._runner.run(self._client.dead_letters(job_id))
+        return self._loop.run(self._client.dead_letters(job_id))
 
-    def job(self, job_id: str) -> common_pb2.JobInfo:
+    def job(self, job_id: str) -> JobInfo:
         """See :meth:`Client.job`."""
-        return self._runner.run(self._client.job(job_id))
+        return self._loop.run(self._client.job(job_id))
 
-    def jobs(self) -> list[common_pb2.JobInfo]:
+    def jobs(self) -> list[JobInfo]:
         """See :meth:`Client.jobs`."""
-        return self._runner.run(self._client.jobs())
+        return self._loop.run(self._client.jobs())
 
-    def cancel(self, job_id: str) -> common_pb2.JobInfo:
+    def cancel(self, job_id: str) -> JobInfo:
         """See :meth:`Client.cancel`."""
-        return self._runner.run(self._client.cancel(job_id))
+        return self._loop.run(self._client.cancel(job_id))
 
-    def status(self) -> scheduler_pb2.ClusterStatus:
+    def status(self) -> ClusterStatus:
         """See :meth:`Client.status`."""
-        return self._runner.run(self._client.status())
+        return self._loop.run(self._client.status())
+
+    def status_message(self) -> scheduler_pb2.ClusterStatus:
+        """See :meth:`Client.status_message`."""
+        return self._loop.run(self._client.status_message())
+
+    def routing_table(self) -> RoutingTable:
+        """See :meth:`Client.routing_table`."""
+        return self._loop.run(self._client.routing_table())
+
+    def set_tracker_count(self, count: int) -> int:
+        """See :meth:`Client.set_tracker_count`."""
+        return self._loop.run(self._client.set_tracker_count(count))
+
+    def retire_state_server(self, node_id: str) -> int:
+        """See :meth:`Client.retire_state_server`."""
+        return self._loop.run(self._client.retire_state_server(node_id))

@@ -15,8 +15,9 @@ from typing import Any
 import xxhash
 
 from gridstream.codec import PayloadError, encode_batch
+from gridstream.deadletters import encode_error, encode_message, encode_record
 from gridstream.ids import key_text
-from services.worker.operators import DeadLetter, check_key, record_text, safe_text
+from services.worker.operators import TRACEBACKS_PER_BATCH, DeadLetter, check_key, safe_text
 from services.worker.peers import OutSegment, PeerRouter
 
 _CACHE_LIMIT = 200_000
@@ -77,9 +78,9 @@ class Shuffle:
             try:
                 k = _plain_key(key_fn(v))
             except Exception as exc:
-                error = f"{type(exc).__name__}: {safe_text(exc)}"[:1000]
+                traced = len(dead) < TRACEBACKS_PER_BATCH
                 dead.append((f"{batch_id}:{self.dest_stage}.key:{i}", self.dest_stage,
-                             record_text(None, v), error))
+                             encode_record(None, v), encode_error(exc, traced)))
                 continue
             out_k.append(k)
             out_v.append(v)
@@ -140,7 +141,8 @@ class Shuffle:
                 encode_batch([value], [key])
             except PayloadError as exc:
                 dead.append((f"{batch_id}:{self.dest_stage}.encode:{segment.partition}:{i}",
-                             self.dest_stage, record_text(None, value), str(exc)[:1000]))
+                             self.dest_stage, encode_record(None, value),
+                             encode_message(safe_text(exc))))
                 continue
             good_keys.append(key)
             good_values.append(value)

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from gridstream import codec
+from gridstream.deadletters import encode_error, encode_message, encode_record
 from gridstream.errors import GridstreamError
 from gridstream.faults import FAULTS, crash_point, drop_report, tasks_fail
 from gridstream.ids import (
@@ -41,10 +42,10 @@ from gridstream.jobspec import JobSpec, Stage, resolve
 from gridstream.retry import Backoff
 from gridstream.v1 import common_pb2
 from services.worker.operators import (
+    TRACEBACKS_PER_BATCH,
     ChainResult,
     DeadLetter,
     OperatorChain,
-    record_text,
     safe_text,
 )
 from services.worker.peers import Commit, OutSegment, PeerRouter, StateClient
@@ -309,7 +310,7 @@ class TaskRunner:
                 segments = self.shuffle.split(result.values, batch_id, result.dead_letters)
             return result, segments
         except Exception as exc:  # any error of one batch is contained
-            error = f"{type(exc).__name__}: {safe_text(exc)}"
+            error = f"{type(exc).__name__}: {safe_text(exc)}"  # for the log
             self.internal_errors += 1
             if not self.chain.states:
                 # No keyed state was touched: only the records that fail alone
@@ -319,7 +320,7 @@ class TaskRunner:
                 return self._run_records(entry, batch_id)
             log.error("%s: batch %s could not be processed (%s); its %d records go to dead "
                       "letters", self.operator_id, batch_id, error, entry.count)
-            return self._dead_batch(entry, batch_id, error), []
+            return self._dead_batch(entry, batch_id, encode_error(exc)), []
 
     def _run_records(self, entry: Entry, batch_id: str
                      ) -> tuple[ChainResult, list[OutSegment]]:
@@ -333,9 +334,8 @@ class TaskRunner:
             try:
                 part = self.chain.process(one.keys, one.values, f"{batch_id}~{i}")
             except Exception as exc:
-                error = f"{type(exc).__name__}: {safe_text(exc)}"
-                out.dead_letters.append((f"{batch_id}:<task>:{i}", "<task>",
-                                         record_text(key, value), error))
+                out.dead_letters.append((f"{batch_id}:<task>:{i}", "<task>", encode_record(
+                    key, value), encode_error(exc, len(out.dead_letters) < TRACEBACKS_PER_BATCH)))
                 continue
             out.values.extend(part.values)
             out.sink_rows.update(part.sink_rows)
@@ -345,14 +345,13 @@ class TaskRunner:
             try:  # keys are checked record by record inside split
                 segments = self.shuffle.split(out.values, batch_id, out.dead_letters)
             except Exception as exc:
-                error = f"{type(exc).__name__}: {safe_text(exc)}"
-                return self._dead_batch(entry, batch_id, error), []
+                return self._dead_batch(entry, batch_id, encode_error(exc)), []
         return out, segments
 
     @staticmethod
     def _dead_batch(entry: Entry, batch_id: str, error: str) -> ChainResult:
         keys = entry.keys or [None] * entry.count
-        dead = [(f"{batch_id}:<task>:{i}", "<task>", record_text(k, v), error)
+        dead = [(f"{batch_id}:<task>:{i}", "<task>", encode_record(k, v), error)
                 for i, (k, v) in enumerate(zip(keys, entry.values, strict=True))]
         return ChainResult(None, [], dead_letters=dead)
 
@@ -362,7 +361,8 @@ class TaskRunner:
         for lost in losses:
             text = lost.describe(self.container.container_id)
             self._dead.append((f"loss/{self.container.container_id}/{lost.channel}#"
-                               f"{lost.first}-{lost.last}", "<data loss>", "", text))
+                               f"{lost.first}-{lost.last}", "<data loss>", "",
+                               encode_message(text)))
 
     def _flush(self, snapshot: PendingSnapshot | None = None) -> None:
         rows, self._rows = self._rows, {}

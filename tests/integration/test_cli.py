@@ -85,9 +85,16 @@ async def test_dead_letters_are_json_lines_and_results_of_an_empty_job_say_so(
     assert letters.code == 0, letters
     parsed = [json.loads(line) for line in letters.out.splitlines()]
     assert len(parsed) == 2, parsed
-    assert all(set(p) == {"id", "stage", "record", "error"} for p in parsed)
-    assert sorted("x" in p["record"] or "y" in p["record"] for p in parsed) == [True, True]
+    assert all(set(p) == {"id", "stage", "key", "record", "record_format", "error",
+                          "traceback"} for p in parsed)
+    # The record itself as JSON (not a Python repr), the error with the
+    # traceback that leads into the user's function.
+    assert sorted(p["record"] for p in parsed) == ["x", "y"], parsed
+    assert all(p["record_format"] == "json" for p in parsed), parsed
     assert all(p["error"].startswith("ValueError") and p["stage"] for p in parsed), parsed
+    assert all(p["traceback"].startswith("Traceback (most recent call last)")
+               and "poison_ops.py" in p["traceback"] and "in parse" in p["traceback"]
+               and p["traceback"].rstrip().endswith(p["error"]) for p in parsed), parsed
 
     limited = await gridstream("dead-letters", job_id, "--limit", "1", *flags(cluster))
     assert len(limited.out.splitlines()) == 1, limited
