@@ -104,7 +104,7 @@ async def _status(args: argparse.Namespace) -> int:
             print(f"{job.job_id:<28}{JOB_STATES.get(job.state, '?'):<11}"
                   f"{job.spec.partitions:>10}  {job.error}")
         if args.job:
-            progress = await client.progress(args.job)
+            progress = await client.progress_message(args.job)
             print(f"\njob {args.job}: drained={progress.drained}"
                   + ("" if progress.drained else f" (holding: {progress.holding})"))
             print(f"{'task':>4}{'part':>5}{'node':>11}{'in':>11}{'done':>11}{'out':>11}"
