@@ -117,8 +117,8 @@ async def test_records_an_operator_raises_on_go_to_dead_letters(client: Client) 
     await client.drain(job_id)
     assert await client.results(job_id) == {"even": 2550, "odd": 2500}
     dead = await client.dead_letters(job_id)
-    assert sorted(d["record"] for d in dead) == ["''", "'1.5'", "'seven'"]
-    assert all(d["stage"] == "parse" and d["error"].startswith("ValueError") for d in dead)
+    assert sorted(d.record for d in dead) == ["", "1.5", "seven"]
+    assert all(d.stage == "parse" and d.error.startswith("ValueError") for d in dead)
 
 
 async def test_no_service_crashed(cluster: LocalCluster) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import replace
-from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -18,6 +17,7 @@ from gridstream.client import Client
 from gridstream.config import ClusterConfig, Config
 from gridstream.jobspec import DEFAULT_JOB_MODULES, JobSpec, Stage
 from gridstream.local import LocalCluster
+from gridstream.types import DeadLetter
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loc
         yield local
 
 
-async def sum_with_poison(cluster: LocalCluster, poison: dict[int, str]) -> list[dict[str, Any]]:
+async def sum_with_poison(cluster: LocalCluster, poison: dict[int, str]) -> list[DeadLetter]:
     """Sends 1..2000 with ``poison`` records inserted at the given indexes (in
     batches of 500), checks that the sums of the others are exact and that no
     process restarted; returns the job's dead letters."""
@@ -62,8 +62,8 @@ async def test_a_record_gridstream_cannot_describe_or_hash_goes_alone_to_dead_le
         cluster: LocalCluster) -> None:
     dead = await sum_with_poison(cluster, {500: "unprintable"})  # inside a batch of 500
     assert len(dead) == 1, dead
-    assert dead[0]["record"] == "<unprintable Unprintable: RuntimeError>", dead
-    assert dead[0]["error"].startswith("TypeError"), dead
+    assert dead[0].record == "<unprintable Unprintable: RuntimeError>", dead
+    assert dead[0].error.startswith("TypeError"), dead
 
 
 async def test_a_value_that_cannot_be_encoded_for_the_next_task_goes_alone_to_dead_letters(
@@ -73,4 +73,4 @@ async def test_a_value_that_cannot_be_encoded_for_the_next_task_goes_alone_to_de
     # the local and the remote path alike, and nothing restarts.
     dead = await sum_with_poison(cluster, {700: "huge", 1200: "huge"})
     assert len(dead) == 2, dead
-    assert all(d["record"] == str(2**70) and "msgpack" in d["error"] for d in dead), dead
+    assert all(d.record == 2**70 and "msgpack" in d.error for d in dead), dead

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from gridstream.jobspec import Stage
+from gridstream.types import DeadLetter
 from services.worker.operators import OperatorChain
 
 
@@ -47,9 +48,10 @@ def test_map_isolates_a_failing_record_into_dead_letters() -> None:
     result = c.process(None, [1, 2, 3, 4], "src/a#1")
     assert sorted(result.sink_rows.values()) == [10, 20, 40]
     assert len(result.dead_letters) == 1
-    dead_id, stage, record, error = result.dead_letters[0]
-    assert (dead_id, stage, record) == ("src/a#1:m:2", "m", "3")
-    assert error == "ValueError: three is not allowed"
+    dead = DeadLetter.from_stored(*result.dead_letters[0])
+    assert (dead.id, dead.stage, dead.record, dead.record_format) == ("src/a#1:m:2", "m", 3, "json")
+    assert dead.error == "ValueError: three is not allowed"
+    assert "explode_on_three" in dead.traceback
 
 
 def test_filter_flat_map_and_map_batch() -> None:

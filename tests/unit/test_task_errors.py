@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from gridstream.jobspec import JobSpec, Stage, plan_tasks
+from gridstream.types import DeadLetter
 from services.worker.operators import ChainResult
 from services.worker.queues import Entry
 from services.worker.tasks import TaskRunner
@@ -42,7 +43,7 @@ def test_a_poison_record_goes_alone_to_dead_letters_in_a_stateless_chain() -> No
     entry = Entry(0, "src/a", 1, None, ["a", "poison", "b"])
     result, segments = task._run_batch(entry, "t0/p0/src/a#1")
     assert sorted(result.sink_rows.values()) == ["a", "b"]
-    assert [d[2] for d in result.dead_letters] == ["'poison'"]
+    assert [DeadLetter.from_stored(*d).record for d in result.dead_letters] == ["poison"]
     assert "RecursionError" in result.dead_letters[0][3]
     assert segments == [] and task.internal_errors == 1
 
