@@ -51,6 +51,14 @@ class Step:
     ``tracker`` (SIGKILL a worker that hosts a tuple tracker, by the current
     routing table) or ``isolate`` (cut one worker off from the scheduler, not from its peers,
     for ``pause_s``: the run must be given ``isolate=True``).
+
+    A ``kill`` with ``again`` kills the previous kill's victims once more, as
+    soon as their restarted processes are in the routing table (from
+    ``at_s`` on): each gets its partitions back and is restoring them when it
+    dies. That is one failure after another, within ``backup_count = 1``:
+    the partitions' logs are still on the workers that held them meanwhile.
+    (A second victim picked among the other workers may instead hold the last
+    copy of a partition the first one lost: two simultaneous failures.)
     """
 
     kind: str
@@ -58,6 +66,7 @@ class Step:
     victims: int = 1
     gap_s: float = 0.0
     pause_s: float = 0.0
+    again: bool = False
 
 
 @dataclass
@@ -71,6 +80,9 @@ class FaultRecord:
     in_flight: bool
     detected_s: float | None = None
     resumed_s: float | None = None
+    incarnations: dict[str, str] = field(default_factory=dict)
+    """Worker kills: the victims' incarnations in the routing table when
+    they were killed (a kill ``again`` waits for new ones)."""
 
 
 @dataclass
@@ -244,7 +256,7 @@ async def run_history(
                 delay = started + step.at_s - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                fault = await _inject(cluster, step, rng, sender, proxy)
+                fault = await _inject(cluster, step, rng, sender, proxy, run.faults)
                 run.faults.append(fault)
                 watchers.append(asyncio.create_task(_detections(client, fault)))
             await sending
@@ -313,8 +325,30 @@ async def _isolatable(cluster: LocalCluster, worker: str) -> FaultProxy:
     return proxy
 
 
+async def _incarnations(client: Client) -> dict[str, str]:
+    """node id -> incarnation of every live worker in the routing table."""
+    table = await client.routing_table()
+    return {m.node_id: m.incarnation for m in table.members
+            if m.role == scheduler_pb2.MEMBER_ROLE_WORKER and m.state != DEAD}
+
+
+async def _restarted(client: Client, before: dict[str, str], timeout_s: float = 30.0) -> None:
+    """Waits until every worker of ``before`` is in the routing table with a
+    new incarnation."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = await _incarnations(client)
+        if all(now.get(node, old) != old for node, old in before.items()):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{sorted(before)} not back in the routing table after "
+                               f"{timeout_s:.0f}s")
+        await asyncio.sleep(0.05)
+
+
 async def _inject(cluster: LocalCluster, step: Step, rng: random.Random,
-                  sender: Sender, proxy: FaultProxy | None) -> FaultRecord:
+                  sender: Sender, proxy: FaultProxy | None,
+                  earlier: list[FaultRecord]) -> FaultRecord:
     workers = sorted(n for n, m in cluster.members.items() if m.role == "worker")
     if step.kind == "isolate":
         if proxy is None:
@@ -336,12 +370,19 @@ async def _inject(cluster: LocalCluster, step: Step, rng: random.Random,
                       if m.role == scheduler_pb2.MEMBER_ROLE_WORKER and m.state != DEAD)
         hosts = sorted(set(tracker_hosts(max(1, table.tracker_count), live)) - {""})
         victims = [rng.choice(hosts)]
+    elif step.again:
+        previous = next(f for f in reversed(earlier) if f.kind == "kill")
+        await _restarted(sender.client, previous.incarnations)
+        victims = previous.victims
     else:
         # Faults land on running workers (one killed a moment ago may still be
         # restarting); the victims are drawn from those.
         running = [w for w in workers if cluster.members[w].alive()] or workers
         victims = rng.sample(running, min(step.victims, len(running)))
     record = FaultRecord(step.kind, victims, time.time(), time.monotonic(), sender.in_flight())
+    if step.kind == "kill":
+        current = await _incarnations(sender.client)
+        record.incarnations = {v: current[v] for v in victims if v in current}
     if step.kind == "pause":
         cluster.kill(victims[0], signal.SIGSTOP)
         await asyncio.sleep(step.pause_s)

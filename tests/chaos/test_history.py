@@ -36,16 +36,23 @@ def assert_exact(run: HistoryRun) -> None:
 
 
 async def test_kills_pauses_and_a_kill_during_a_restore(tmp_path: Path) -> None:
-    # A kill, a second kill 1.5 s later while the first victim's partitions
-    # are still being restored, a pause past detection (the paused worker is
-    # fenced, rejoins, and its late reports and pushes are refused), and one
-    # more kill: none waits for the cluster to heal.
-    steps = [Step("kill", 3.0), Step("kill", 4.5), Step("pause", 8.0, pause_s=3.5),
-             Step("kill", 13.0)]
+    # A kill; the same worker killed again as soon as its restarted process
+    # is in the routing table, while it restores the partitions it got back;
+    # a pause past detection (the paused worker is fenced, rejoins, and its
+    # late reports and pushes are refused); and one more kill: none waits
+    # for the cluster to heal. (A second victim among the *other* workers
+    # 1.5 s after the first may hold the last copy of a batch the first one
+    # died with: two simultaneous failures, beyond backup_count = 1, and
+    # named as a loss, not hidden.)
+    steps = [Step("kill", 3.0), Step("kill", 4.5, again=True),
+             Step("pause", 8.0, pause_s=3.5), Step("kill", 13.0)]
     run = await run_history(steps, tmp_path, records=50_000, stream_s=18.0,
                             config=config(), seed=1)
     assert_exact(run)
     assert any(f.detected_s is not None for f in run.faults if f.kind == "pause")
+    first, again = run.faults[0], run.faults[1]
+    assert again.victims == first.victims
+    assert again.incarnations != first.incarnations  # the restarted process
 
 
 async def test_two_simultaneous_kills_with_backup_count_two(tmp_path: Path) -> None:
