@@ -9,7 +9,22 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 
 .PHONY: setup demo test lint unit bench clean
 
-setup: $(STAMP) $(GEN)
+setup: $(STAMP) $(GEN) chromium
+
+# tests/integration/test_console.py renders the web console in a real headless
+# Chromium (the Debian package). Installed once, as root (CI); nothing to do
+# when /usr/bin/chromium is there.
+.PHONY: chromium
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	        echo "installing chromium (Debian package) for the console's browser test"; \
+	        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	    else \
+	        echo "make setup: /usr/bin/chromium is missing and this is not root; run" \
+	             "'apt-get install -y chromium' as root, or test_console.py's browser test fails"; \
+	    fi; \
+	fi
 
 $(STAMP): requirements.txt pyproject.toml
 	python3 -m venv $(VENV)

@@ -202,6 +202,9 @@ class JobSample:
     stage_names: tuple[str, ...]
     progress: scheduler_pb2.JobProgress | None
     error: str = ""
+    submitted_at: float = 0.0
+    """Wall clock of submission: a job submitted after the detector started
+    has every counter counted from zero."""
 
 
 @dataclass
@@ -247,14 +250,20 @@ class WarningDetector:
         default_factory=lambda: defaultdict(deque))
     _stages: dict[tuple[str, int], deque[tuple[float, StageFigures]]] = field(
         default_factory=lambda: defaultdict(lambda: deque(maxlen=GROWTH_WINDOW + 1)))
+    _known: set[str] = field(default_factory=set)
+    """Jobs seen at an earlier sample: a new entry of theirs counts from zero."""
+    _started: float | None = None
 
     def observe(self, now: float, wall: float, status: scheduler_pb2.ClusterStatus,
                 jobs: list[JobSample], announced: frozenset[str] = frozenset()) -> list[Alert]:
         """The warnings of this sample. ``now`` is monotonic, ``wall`` the
         wall clock of membership events; ``announced`` members stopped on
         purpose (an operator's restart is not a warning)."""
+        if self._started is None:
+            self._started = wall
         alerts = self._members(wall, status, announced)
         running = {j.job_id for j in jobs}
+        self._known &= running
         for key in [k for k in self._tracks if k[0] not in running]:
             del self._tracks[key]
         for key2 in [k for k in self._stages if k[0] not in running]:
@@ -270,13 +279,19 @@ class WarningDetector:
             alerts += self._not_draining(now, job)
             alerts += self._rising(now, job)
             alerts += self._trends(now, job)
+            self._known.add(job.job_id)
         return alerts
 
     def _members(self, wall: float, status: scheduler_pb2.ClusterStatus,
                  announced: frozenset[str]) -> list[Alert]:
         alerts = []
-        suspected = {e.node_id: e for e in status.events
-                     if e.new_state == scheduler_pb2.MEMBER_STATE_SUSPECT
+        last: dict[str, scheduler_pb2.MemberEvent] = {}
+        for e in status.events:
+            last[e.node_id] = e
+        # Suspect, then alive again (not dead): late heartbeats worth naming.
+        suspected = {node: e for node, e in last.items()
+                     if e.old_state == scheduler_pb2.MEMBER_STATE_SUSPECT
+                     and e.new_state == scheduler_pb2.MEMBER_STATE_ALIVE
                      and wall - e.at <= self.rules.suspect_recent_s}
         for m in status.members:
             node = m.member.node_id
@@ -296,8 +311,8 @@ class WarningDetector:
             elif m.member.state == scheduler_pb2.MEMBER_STATE_ALIVE and node in suspected:
                 event = suspected[node]
                 alerts.append(Alert(
-                    "member_suspect", f"{node} was suspect {wall - event.at:.0f}s ago (phi "
-                    f"{event.phi:.1f}), alive now", "late heartbeats: check its host (load, "
+                    "member_suspect", f"{node} was suspect until {wall - event.at:.0f}s ago, "
+                    "alive now", "late heartbeats: check its host (load, "
                     "swapping, network) if it happens again", f"member_suspect/{node}",
                     node_id=node))
         return alerts
@@ -334,10 +349,16 @@ class WarningDetector:
                     task, (partition,), node))
         return alerts
 
-    def _increase(self, what: str, job_id: str, entry: common_pb2.TaskProgress,
+    def _increase(self, what: str, job: JobSample, entry: common_pb2.TaskProgress,
                   value: int) -> int:
-        key = (what, job_id, entry.task, entry.partition, entry.node_id)
-        before = self._last.get(key)
+        """How much a counter grew since the last sample. A counter seen for
+        the first time grew from zero if its job is new (known before, or
+        submitted since the detector started); else it is only a baseline
+        (a scheduler that restarts does not report old dead letters anew)."""
+        key = (what, job.job_id, entry.task, entry.partition, entry.node_id)
+        fresh = (job.job_id in self._known
+                 or job.submitted_at >= (self._started or 0.0))
+        before = self._last.get(key, 0 if fresh else None)
         self._last[key] = value
         return value - before if before is not None and value > before else 0
 
@@ -348,7 +369,7 @@ class WarningDetector:
             for what, value in (("roots", entry.roots_failed), ("dead", entry.dead_letters)):
                 task = entry.task if what == "dead" else -1
                 totals[(what, task)] += value
-                grew = self._increase(what, job.job_id, entry, value)
+                grew = self._increase(what, job, entry, value)
                 if grew:
                     self._rises[(what, job.job_id, task)].append((now, entry.partition, grew))
         alerts = []
