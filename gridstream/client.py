@@ -20,6 +20,7 @@ import asyncio
 import collections
 import itertools
 import json
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -296,6 +297,7 @@ class Client(ControlCalls):
                 f"{encoded.ByteSize()} bytes, above the {_MAX_SEGMENT_BYTES} bytes any push "
                 "may carry; it can never be sent" + (
                     "" if len(values) == 1 else "; use a smaller batch_size"))
+        encoded.ingest_unix_s = time.time()  # for the sink's latency histogram
         return worker_pb2.Segment(task=0, partition=partition, channel=channel,
                                   sequence=sequence, batch=encoded)
 

@@ -9,11 +9,18 @@ free port (written to the ready file and logged), -1 turns it off.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Mapping
+from itertools import accumulate
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -57,8 +64,8 @@ class MetricsServer:
             self._server = None
 
 
-__all__ = ["CounterMetricFamily", "GaugeMetricFamily", "Metric", "MetricsServer", "counter",
-           "gauge"]
+__all__ = ["LATENCY_BUCKETS_S", "CounterMetricFamily", "GaugeMetricFamily", "Histogram",
+           "HistogramMetricFamily", "Metric", "MetricsServer", "counter", "gauge", "histogram"]
 
 
 def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
@@ -69,3 +76,52 @@ def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
 def counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
     """A counter family with labels (name without the _total suffix)."""
     return CounterMetricFamily(name, doc, labels=labels)
+
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                     60.0, 120.0, 300.0)
+"""Upper bounds of the latency buckets, in seconds: from a few milliseconds
+(a local cluster at rest) to minutes (a backlog after a recovery)."""
+
+
+class Histogram:
+    """Observations counted into fixed buckets, a batch at a time.
+
+    ``observe(value, count)`` records ``count`` observations of one value
+    with one bisect: a batch's records share their ingest time, so latency
+    costs one call per batch on the data path, never one per record. Read at
+    scrape time (from the metrics thread: a scrape may see a batch half
+    counted, never a wrong total for long)."""
+
+    def __init__(self, bounds: tuple[float, ...] = LATENCY_BUCKETS_S) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        """Observations per bucket (not cumulative); the last is above every bound."""
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, count: int = 1) -> None:
+        """Adds ``count`` observations of ``value``."""
+        self.counts[bisect_left(self.bounds, value)] += count
+        self.sum += value * count
+        self.count += count
+
+    def add(self, other: Histogram) -> None:
+        """Adds another histogram's observations (same bounds) to this one."""
+        for i, n in enumerate(other.counts):
+            self.counts[i] += n
+        self.sum += other.sum
+        self.count += other.count
+
+
+def histogram(name: str, doc: str, labels: list[str],
+              series: Mapping[tuple[str, ...], Histogram]) -> HistogramMetricFamily:
+    """A histogram family with one series per label values."""
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for values, observed in series.items():
+        cumulative = list(accumulate(observed.counts))
+        buckets = [(repr(float(bound)), float(n))
+                   for bound, n in zip(observed.bounds, cumulative, strict=False)]
+        buckets.append(("+Inf", float(cumulative[-1])))
+        family.add_metric(list(values), buckets, observed.sum)
+    return family

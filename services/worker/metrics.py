@@ -1,21 +1,33 @@
 """Prometheus series of one worker, read from its live state at scrape time:
-per-task counters, recoveries and restarts, tracking, losses and stalled
-writes."""
+per-task counters (labelled with the job, the task, its stages and the
+partition), ingest-to-sink latency, recoveries and restarts, tracking, losses
+and stalled writes."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gridstream.metrics import CounterMetricFamily, GaugeMetricFamily, Metric, counter, gauge
+from gridstream.metrics import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Histogram,
+    Metric,
+    counter,
+    gauge,
+    histogram,
+)
 
 if TYPE_CHECKING:
+    from gridstream.jobspec import Stage
     from services.worker.node import WorkerNode
 
 
 def node_metrics(node: WorkerNode) -> list[Metric]:
     """Every series of ``node``."""
-    labels = ["job", "task", "partition"]
+    labels = ["job", "task", "stage", "partition"]
+    latency: dict[tuple[str, ...], Histogram] = {}
     families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
         "in": counter("gridstream_records_in", "Records appended to the task's "
                       "JobContainer (since the task started here)", labels),
@@ -34,7 +46,9 @@ def node_metrics(node: WorkerNode) -> list[Metric]:
     }
     for runtime in node.jobs.values():
         for runner in runtime.runners.values():
-            values = [runtime.job_id, str(runner.task_index), str(runner.partition)]
+            stages = runner.chain.stages
+            values = [runtime.job_id, str(runner.task_index), stage_label(stages),
+                      str(runner.partition)]
             families["in"].add_metric(values, runner.container.records_in)
             families["done"].add_metric(values, runner.records_processed)
             families["out"].add_metric(values, runner.records_out)
@@ -42,6 +56,13 @@ def node_metrics(node: WorkerNode) -> list[Metric]:
             families["lag"].add_metric(values, runner.latest.offset - runner.durable_offset)
             families["windows"].add_metric(values, runner.persister.windows_persisted)
             families["dead"].add_metric(values, runner.dead_letters)
+            if runner.latency.count:
+                sink = latency.setdefault((runtime.job_id, stages[-1].name), Histogram())
+                sink.add(runner.latency)
+    sink_latency = histogram(
+        "gridstream_ingest_to_sink_seconds", "Seconds from a client sending a record "
+        "to the sink task processing it (per batch, weighted by its records), "
+        "summed over this worker's partitions", ["job", "stage"], latency)
     recoveries = counter("gridstream_recoveries", "Tasks started from a snapshot or a "
                          "log copy taken over from another worker", [])
     recoveries.add_metric([], node.recoveries)
@@ -73,15 +94,20 @@ def node_metrics(node: WorkerNode) -> list[Metric]:
                        "writes that failed and are being retried (trimming waits)",
                        ["job"])
     stalled = gauge("gridstream_snapshot_stalled_seconds", "Seconds a task's writes have "
-                    "been failing without a success (0 when healthy)", ["job", "task",
-                                                                      "partition"])
+                    "been failing without a success (0 when healthy)", labels)
     now = time.monotonic()
     for runtime in node.jobs.values():
         failures.add_metric([runtime.job_id], sum(
             r.persister.write_failures for r in runtime.runners.values()))
         for r in runtime.runners.values():
             since = r.persister.failing_since
-            stalled.add_metric([runtime.job_id, str(r.task_index), str(r.partition)],
-                               0.0 if since is None else now - since)
-    return [*families.values(), recoveries, roots, table_bytes, outcomes, lost, restarts,
-            failures, stalled]
+            stalled.add_metric([runtime.job_id, str(r.task_index), stage_label(r.chain.stages),
+                                str(r.partition)], 0.0 if since is None else now - since)
+    return [*families.values(), sink_latency, recoveries, roots, table_bytes, outcomes, lost,
+            restarts, failures, stalled]
+
+
+def stage_label(stages: Sequence[Stage]) -> str:
+    """The ``stage`` label of a task's series: the names of the stages it
+    chains, joined by ``+`` (``count+store``)."""
+    return "+".join(stage.name for stage in stages)

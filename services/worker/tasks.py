@@ -39,6 +39,7 @@ from gridstream.ids import (
     tuple_id,
 )
 from gridstream.jobspec import JobSpec, Stage, resolve
+from gridstream.metrics import Histogram
 from gridstream.retry import Backoff
 from gridstream.v1 import common_pb2
 from services.worker.operators import (
@@ -168,6 +169,7 @@ class TaskRunner:
         self._last_close = time.monotonic()
         self._needs_rebuild: set[int] = set()
         self.invocations = 0
+        self.latency = Histogram()  # ingest to sink, seconds (sink tasks only)
         self.internal_errors = 0
         """Batches dead-lettered whole because gridstream's own handling failed."""
         self._row_version = 0
@@ -267,9 +269,11 @@ class TaskRunner:
             self.invocations += entry.count
             result, segments = self._run_batch(entry, batch_id)
             dead = result.dead_letters
+            ingest = entry.batch.ingest_unix_s if entry.batch is not None else 0.0
             if segments and self.shuffle is not None:
                 for segment in segments:
                     segment.root = entry.root
+                    segment.encode().ingest_unix_s = ingest  # encoded by split already
                 self.outbound_pending = len(segments)
                 await self.shuffle.deliver(segments)
                 crash_point(self.node_id, "after_emit")
@@ -285,6 +289,8 @@ class TaskRunner:
             self.window.add(entry.channel, entry.sequence, offset, entry.count)
             if result.sink_rows:
                 self._rows.update(result.sink_rows)
+            if ingest and self.chain.has_sink:
+                self.latency.observe(max(0.0, time.time() - ingest), entry.count)
             if dead:
                 self.dead_letters += len(dead)
                 self._dead.extend(dead)
