@@ -64,6 +64,10 @@ async def up(tmp_path: Path) -> AsyncIterator[tuple[asyncio.subprocess.Process, 
         assert len(pids) == 3, printed
         assert all("metrics http://127.0.0.1:" in line for line in printed
                    if " pid " in line), printed  # each member's metrics address
+        consoles = [line.split()[1] for line in printed if line.split()[:1] == ["console"]]
+        assert len(consoles) == 1 and consoles[0].startswith("http://127.0.0.1:"), printed
+        ready = json.loads((tmp_path / "ready" / "scheduler.json").read_text())
+        assert ready["console"] == consoles[0]
         yield process, pids
     finally:
         for pid in [process.pid, *pids]:

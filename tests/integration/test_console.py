@@ -28,6 +28,7 @@ from gridstream.client import Client
 from gridstream.config import ClusterConfig, Config, SchedulerConfig, SecurityConfig
 from gridstream.examples import wordcount
 from gridstream.local import LocalCluster
+from gridstream.watch import KINDS, Watcher
 from tests.integration.conftest import small_config
 
 pytestmark = pytest.mark.integration
@@ -149,6 +150,8 @@ async def test_the_scheduler_logs_and_exports_a_warning_once_per_episode(
         status = await client.status()
         assert any(w.kind == "dead_letters_rising" and w.job_id == job_id
                    for w in status.warnings)
+        screen = await Watcher(client).render()  # gridstream status --watch
+        assert "warnings:" in screen and f"gridstream dead-letters {job_id}" in screen
 
         async def letters() -> dict[str, Any] | None:
             state = await state_of(cluster)
@@ -299,3 +302,50 @@ async def test_with_tls_and_tokens_the_console_is_https_and_answers_401_without_
 def test_chromium_is_installed_by_setup() -> None:
     """`make setup` installs it; a missing browser is a failure, not a skip."""
     assert shutil.which("chromium") or os.access(CHROMIUM, os.X_OK)
+
+
+# -- the Prometheus alert rules ------------------------------------------------------
+
+ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "gridstream-alerts.yml"
+
+
+def alert_rules(text: str) -> list[dict[str, str]]:
+    """The rules of a Prometheus rule file, read structurally (PyYAML is not
+    a dependency): each ``- alert:`` item with its expr, for, severity and
+    summary; fails on a file that is not shaped as Prometheus expects."""
+    lines = [line for line in text.splitlines() if line.strip() and
+             not line.lstrip().startswith("#")]
+    assert lines[0] == "groups:" and lines[1].lstrip().startswith("- name: "), lines[:2]
+    assert all("\t" not in line for line in lines), "tabs in YAML"
+    rules: list[dict[str, str]] = []
+    for line in lines[2:]:
+        indent = len(line) - len(line.lstrip())
+        key, _, value = line.strip().removeprefix("- ").partition(":")
+        if line.strip().startswith("- alert:"):
+            rules.append({"alert": value.strip(), "indent": str(indent)})
+        elif rules and key in ("expr", "for", "severity", "summary"):
+            rules[-1][key] = value.strip()
+    return rules
+
+
+async def test_the_alert_rules_name_metrics_the_cluster_exports(cluster: LocalCluster) -> None:
+    rules = alert_rules(ALERTS.read_text())
+    assert {r["alert"] for r in rules} >= {
+        "GridstreamPartitionNotDraining", "GridstreamRootsTimingOut",
+        "GridstreamDeadLettersRising", "GridstreamMemberSuspect"}
+    assert len({r["indent"] for r in rules}) == 1, "rules at different depths"
+    exported: set[str] = set()
+    for name in ("scheduler", "worker-1", "state-1"):
+        _, _, body = await asyncio.to_thread(
+            fetch, f"http://{cluster.members[name].metrics_address}/metrics")
+        for line in body.decode().splitlines():
+            if line.startswith("# TYPE "):
+                family, kind = line.split()[2:4]
+                exported |= {family, f"{family}_total"} if kind == "counter" else {family}
+    for rule in rules:
+        assert rule.get("expr") and rule.get("severity") and rule.get("summary"), rule
+        named = set(re.findall(r"\bgridstream_[a-z_]+", rule["expr"]))
+        assert named, rule
+        assert named <= exported, (rule["alert"], named - exported)
+        for kind in re.findall(r'kind="([a-z_]+)"', rule["expr"]):
+            assert kind in KINDS, (rule["alert"], kind)
