@@ -14,7 +14,8 @@ is started again. Catch-up time runs from its process being ready to its
 holdings (newest window and result version of every operator it is a
 replica of) equalling the newest on its peers.
 
-Prints tables and writes ``bench/out/stateserver.txt`` and ``.png``.
+Prints tables and writes ``stateserver.txt`` and ``stateserver.png`` to
+``--out`` (default ``~/.cache/gridstream-bench/out``, outside the repository).
 
     .venv/bin/python bench/stateserver.py [--missed 60] [--runs 3]
 """
@@ -35,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.plots import add_out_argument, bars, out_dir, pyplot
 from gridstream import rpc
 from gridstream.client import Client
 from gridstream.config import ClusterConfig, Config, StateServerConfig
@@ -46,7 +48,6 @@ from gridstream.replicas import ReplicaClient
 from gridstream.routing import RoutingView
 from gridstream.v1 import scheduler_pb2_grpc, stateserver_pb2, stateserver_pb2_grpc
 
-OUT = Path(__file__).resolve().parent / "out"
 PARTITIONS = 16
 
 
@@ -189,6 +190,7 @@ def main() -> None:
     parser.add_argument("--payload", type=int, default=4096, help="snapshot bytes")
     parser.add_argument("--missed", type=float, default=60.0,
                         help="seconds of writes the killed replica misses")
+    add_out_argument(parser)
     args = parser.parse_args()
     results, caught = asyncio.run(rounds(args))
     rows = [f"{'R':>3}{'writes/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'min/s':>10}{'max/s':>10}"]
@@ -208,29 +210,27 @@ def main() -> None:
                 f"{caught['catch_up_s']:.2f} s after it was ready again")
     table = "\n".join(rows)
     print("\n" + table)
-    OUT.mkdir(exist_ok=True)
-    (OUT / "stateserver.txt").write_text(
+    out = out_dir(args.out)
+    (out / "stateserver.txt").write_text(
         f"{args.writers} writers, {args.payload}-byte snapshots, {args.seconds:.0f} s per "
         f"round, {args.runs} rounds, 3 state servers on 2 cores\n" + table + "\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(10, 3.6))
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.8))
     labels = ["R=1", "R=2"]
-    axes[0].bar(labels, [statistics.median(f.rate for f in results[r]) for r in (1, 2)],
-                color=["C0", "C1"])
+    bars(axes[0], labels, [statistics.median(f.rate for f in results[r]) for r in (1, 2)],
+         ["C0", "C1"])
     axes[0].set_ylabel("snapshot writes/s")
-    axes[1].bar(labels, [statistics.median(f.percentile(0.99) for f in results[r])
-                         for r in (1, 2)], color=["C0", "C1"])
+    bars(axes[1], labels, [statistics.median(f.percentile(0.99) for f in results[r])
+                           for r in (1, 2)], ["C0", "C1"], fmt=lambda v: f"{v:.1f} ms")
     axes[1].set_ylabel("p99 write latency (ms)")
-    axes[2].bar([f"missed {caught['missed_s']:.0f} s"], [caught["catch_up_s"]], color="C2")
+    bars(axes[2], [f"missed {caught['missed_s']:.0f} s"], [caught["catch_up_s"]], ["C2"],
+         fmt=lambda v: f"{v:.2f} s")
     axes[2].set_ylabel("catch-up time (s)")
     fig.suptitle("Replicated state servers (3 servers, 2 cores, median of rounds)")
     fig.tight_layout()
-    fig.savefig(OUT / "stateserver.png", dpi=100)
-    print(f"plot: {OUT / 'stateserver.png'}")
+    fig.savefig(out / "stateserver.png", dpi=100)
+    plt.close(fig)
+    print(f"plot: {out / 'stateserver.png'}")
 
 
 if __name__ == "__main__":

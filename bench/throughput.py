@@ -6,15 +6,21 @@ cluster (1 scheduler, 3 workers, 2 state servers, all on this machine),
 alternating delivery modes within each round so the ratio is measured under
 the same conditions: ``exactly_once`` (replicated JobContainers, dedupe) and
 ``at_most_once`` (no replication). Prints medians of ``--runs`` rounds and
-writes ``bench/out/throughput.txt`` and ``bench/out/throughput.png``.
+writes ``throughput.txt``, ``throughput.json`` and ``throughput.png`` to
+``--out`` (default ``~/.cache/gridstream-bench/out``, outside the repository).
+The plot shows the cluster's bars with their values; the single-process
+ceiling and the target are reference lines (or named at the top when they
+would flatten the bars). ``--replot`` draws the plot again from a JSON file.
 
     .venv/bin/python bench/throughput.py [--runs 3] [--taxi 1000000] [--words 900000]
+                                         [--out DIR] [--replot DIR/throughput.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -23,13 +29,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.plots import add_out_argument, bars, out_dir, pyplot
 from gridstream.builtins import count, split_words
 from gridstream.config import Config
 from gridstream.demo import run_on
 from gridstream.examples import taxi, wordcount
 from gridstream.local import LocalCluster
 
-OUT = Path(__file__).resolve().parent / "out"
 MODES = ("exactly_once", "at_most_once")
 TARGETS = {"wordcount": 600_000, "taxi": 170_000}
 
@@ -76,7 +82,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--taxi", type=int, default=1_000_000, help="taxi records")
     parser.add_argument("--words", type=int, default=900_000, help="wordcount words")
+    parser.add_argument("--replot", type=Path, default=None,
+                        help="draw the plot again from a throughput.json; run nothing")
+    add_out_argument(parser)
     args = parser.parse_args()
+    out = out_dir(args.out)
+    if args.replot is not None:
+        plot(json.loads(args.replot.read_text()), out / "throughput.png")
+        return
     sizes = {"wordcount": args.words, "taxi": args.taxi}
     print(f"cluster runs ({args.runs} rounds):", flush=True)
     rates = asyncio.run(cluster_runs(sizes, args.runs))
@@ -85,6 +98,7 @@ def main() -> None:
     header = (f"{'workload':<10}{'size':>11}{'exactly-once/s':>16}{'off/s':>12}{'ratio':>8}"
               f"{'min e-o/s':>12}{'max e-o/s':>12}{'1 process/s':>13}{'target/s':>10}")
     rows = [header]
+    figures: dict[str, dict[str, float]] = {}
     for name, size in sizes.items():
         on = statistics.median(rates[(name, "exactly_once")])
         off = statistics.median(rates[(name, "at_most_once")])
@@ -94,30 +108,31 @@ def main() -> None:
                     f"{statistics.median(ratios):>8.2f}{min(rates[(name, 'exactly_once')]):>12,.0f}"
                     f"{max(rates[(name, 'exactly_once')]):>12,.0f}{baseline[name]:>13,.0f}"
                     f"{TARGETS[name]:>10,}")
+        figures[name] = {"size": size, "exactly_once": on, "at_most_once": off,
+                         "single_process": baseline[name], "target": TARGETS[name]}
     table = "\n".join(rows)
     print("\n" + table)
-    OUT.mkdir(exist_ok=True)
-    (OUT / "throughput.txt").write_text(table + "\n")
-    import matplotlib
+    (out / "throughput.txt").write_text(table + "\n")
+    (out / "throughput.json").write_text(json.dumps(figures, indent=1) + "\n")
+    plot(figures, out / "throughput.png")
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    names = list(sizes)
-    fig, axes = plt.subplots(1, len(names), figsize=(9, 4))
-    labels = ["exactly-once", "at-most-once", "single process", "target"]
-    for ax, name in zip(axes, names, strict=True):
-        values = [statistics.median(rates[(name, "exactly_once")]),
-                  statistics.median(rates[(name, "at_most_once")]),
-                  baseline[name], TARGETS[name]]
-        ax.bar(labels, values, color=["C0", "C1", "C2", "C3"])
-        ax.set_title(f"{name} ({sizes[name]:,})")
+def plot(figures: dict[str, dict[str, float]], path: Path) -> None:
+    """One panel per workload: the cluster's medians as labelled bars from
+    zero; the single-process ceiling and the target as references."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(figures), figsize=(5 * len(figures), 4.2), squeeze=False)
+    for ax, (name, f) in zip(axes[0], figures.items(), strict=True):
+        bars(ax, ["exactly-once", "at-most-once"], [f["exactly_once"], f["at_most_once"]],
+             ["C0", "C1"], references=[("target", f["target"], "C3"),
+                                       ("single process", f["single_process"], "C2")])
+        ax.set_title(f"{name} ({int(f['size']):,})")
         ax.set_ylabel("words/s" if name == "wordcount" else "records/s")
-        ax.tick_params(axis="x", labelrotation=20)
     fig.suptitle("End-to-end throughput, 3 workers + 2 state servers on 2 cores (median)")
     fig.tight_layout()
-    fig.savefig(OUT / "throughput.png", dpi=100)
-    print(f"plot: {OUT / 'throughput.png'}")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ to the plain-dict NaiveTracker (Storm's acker as usually written).
 In-flight roots are registered and their root tuple processed (the children
 still pending); a quarter as many short-lived roots are created and completed
 meanwhile, so the tables also carry completions. Root ids come from a seeded
-numpy generator. Prints Markdown tables and writes ``bench/out/tracking.txt``
-and ``bench/out/tracking_*.png``.
+numpy generator. Prints Markdown tables and writes ``tracking.txt`` and
+``tracking_*.png`` to ``--out`` (default ``~/.cache/gridstream-bench/out``,
+outside the repository).
 
     .venv/bin/python bench/tracking.py [--quick] [--positions 64] [--seed 7]
 """
@@ -36,6 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.plots import add_out_argument, out_dir, si
 from gridstream.tracking import NaiveTracker, TrackerRing, TrackingTable
 from gridstream.tracking.trees import Reports, complete_tree_stages, random_ids
 
@@ -43,7 +45,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-OUT = Path(__file__).resolve().parent / "out"
 MB = 1e6
 FILL_BATCH = 10_000
 TIMEOUT_S = 3600.0  # nothing expires during a run
@@ -282,10 +283,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, a few seconds")
     parser.add_argument("--positions", type=int, default=64, help="virtual positions per tracker")
     parser.add_argument("--seed", type=int, default=7)
+    add_out_argument(parser)
     args = parser.parse_args()
+    out_path = out_dir(args.out)
     scale = 10 if args.quick else 1
     sizes = [k * 100_000 // scale for k in range(1, 10)]
-    OUT.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     out = [f"# XOR tracking: TrackingTable vs NaiveTracker\n\nPython {platform.python_version()}"
            f", numpy {np.__version__}, {args.positions} virtual positions per tracker, "
@@ -313,7 +315,7 @@ def main() -> None:
                + text)
     print(out[-1] + "\n", flush=True)
 
-    (OUT / "tracking.txt").write_text("\n\n".join(out) + "\n")
+    (out_path / "tracking.txt").write_text("\n\n".join(out) + "\n")
 
     def draw_memory(ax: Axes) -> None:
         roots = [s / 1e3 for s in sizes]
@@ -322,6 +324,11 @@ def main() -> None:
         ax.plot(roots, memory["compact"], "^--", label="TrackingTable compacted (nbytes)")
         ax.set(xlabel="in-flight roots (thousands)", ylabel="MB",
                title="(a) memory of one tracker")
+        ax.set_ylim(bottom=0)
+        ax.set_xlim(left=0)
+        for key in ("naive", "compact"):  # the largest size's figures, at the line ends
+            ax.annotate(f"{memory[key][-1]:,.1f} MB", (roots[-1], memory[key][-1]),
+                        xytext=(-4, 4), textcoords="offset points", ha="right", fontsize=8)
         ax.legend()
 
     def draw_trackers(ax: Axes) -> None:
@@ -329,15 +336,22 @@ def main() -> None:
         ax.plot(n, [p[2] for p in per_tracker], "o-", label="NaiveTracker, largest tracker")
         ax.plot(n, [p[1] for p in per_tracker], "s-", label="TrackingTable, max")
         ax.plot(n, [p[0] for p in per_tracker], "^--", label="TrackingTable, mean")
-        ax.set(xlabel="trackers", ylabel="MB per tracker", yscale="log",
+        ax.set(xlabel="trackers", ylabel="MB per tracker",
                title=f"(b) memory per tracker, {500_000 // scale:,} roots")
+        ax.set_ylim(bottom=0)
+        for index in (2, 1):  # NaiveTracker and TrackingTable max
+            for trackers in (1, 8):
+                value = per_tracker[trackers - 1][index]
+                ax.annotate(f"{value:,.1f}", (trackers, value), xytext=(0, 4),
+                            textcoords="offset points", ha="center", fontsize=8)
         ax.legend()
 
     def draw_balance(ax: Axes) -> None:
         width = 0.8 / len(counts)
         for i, (total, per) in enumerate(counts.items()):
-            ax.bar([k + i * width for k in range(len(per))], [c / total * 100 for c in per],
-                   width, label=f"{total:,} roots")
+            drawn = ax.bar([k + i * width for k in range(len(per))],
+                           [c / total * 100 for c in per], width, label=f"{total:,} roots")
+            ax.bar_label(drawn, fmt="%.0f", fontsize=7, padding=1)
         ax.axhline(100 / 6, color="black", lw=1, ls="--", label="even")
         ax.set(xlabel="tracker", ylabel="% of roots", title="(c) load over 6 trackers")
         ax.set_xticks([k + width for k in range(6)], [str(k + 1) for k in range(6)])
@@ -345,8 +359,10 @@ def main() -> None:
 
     def draw_throughput(ax: Axes) -> None:
         x = np.arange(len(backgrounds))
-        ax.bar(x - 0.2, rates["compact"], 0.4, label="TrackingTable")
-        ax.bar(x + 0.2, rates["naive"], 0.4, label="NaiveTracker")
+        for offset, key, label in ((-0.2, "compact", "TrackingTable"),
+                                   (0.2, "naive", "NaiveTracker")):
+            drawn = ax.bar(x + offset, rates[key], 0.4, label=label)
+            ax.bar_label(drawn, labels=[si(v) for v in rates[key]], fontsize=8, padding=2)
         ax.set_xticks(x, [f"{b:,}" for b in backgrounds])
         ax.set(xlabel="other roots in flight", ylabel="roots/s",
                title="(d) xor() throughput, 1,000 roots per batch")
@@ -354,8 +370,8 @@ def main() -> None:
 
     for name, draw in (("memory", draw_memory), ("trackers", draw_trackers),
                        ("balance", draw_balance), ("throughput", draw_throughput)):
-        plot(OUT / f"tracking_{name}.png", draw)
-    print(f"wrote {OUT}/tracking.txt and tracking_*.png in "
+        plot(out_path / f"tracking_{name}.png", draw)
+    print(f"wrote {out_path}/tracking.txt and tracking_*.png in "
           f"{time.perf_counter() - started:.0f} s")
 
 

@@ -1,0 +1,86 @@
+"""What every benchmark's plots share: where they are written and how bars
+are drawn so that people can read them — value labels on the bars, axes
+from zero, and a reference (a single-process ceiling, a target) drawn as a
+line, or named at the top when it would flatten the bars, never as a bar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / (
+    "gridstream-bench/out")
+"""Where results go by default: outside the repository, so a run never
+leaves files in the checkout."""
+
+REFERENCE_FITS = 1.6
+"""A reference line is drawn on the axis when it is at most this many times
+the tallest bar; above, it would squash the bars, and is named at the top."""
+
+
+def add_out_argument(parser: argparse.ArgumentParser) -> None:
+    """``--out DIR``: where the tables and plots go."""
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"directory for tables and plots (default {DEFAULT_OUT})")
+
+
+def out_dir(path: Path) -> Path:
+    """The output directory, created."""
+    path = path.expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def si(value: float) -> str:
+    """``1.2M``, ``350k``, ``42``, ``0.35``: short labels for bars and axes."""
+    for bound, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= bound:
+            return f"{value / bound:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def bars(ax: Any, labels: Sequence[str], values: Sequence[float], colors: Sequence[str],
+         fmt: Callable[[float], str] = si, references: Sequence[tuple[str, float, str]] = ()
+         ) -> None:
+    """Vertical bars with their values on top, the y axis from zero, and
+    each reference ``(label, value, colour)`` as a dashed line across the
+    panel, or, when it would flatten the bars, as a note at the top giving
+    its value and its ratio to the tallest bar."""
+    from matplotlib.ticker import FuncFormatter
+
+    drawn = ax.bar(labels, values, color=colors)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: si(v)))
+    ax.bar_label(drawn, labels=[fmt(v) for v in values], padding=2, fontsize=8)
+    tallest = max(values, default=0.0) or 1.0
+    top = tallest
+    notes = []
+    for label, value, color in references:
+        if value <= tallest * REFERENCE_FITS:
+            ax.axhline(value, color=color, ls="--", lw=1.2)
+            ax.annotate(f"{label}: {fmt(value)}", (1.0, value), xycoords=("axes fraction", "data"),
+                        xytext=(-2, 2), textcoords="offset points", ha="right", va="bottom",
+                        fontsize=8, color=color)
+            top = max(top, value)
+        else:
+            notes.append((f"↑ {label}: {fmt(value)} ({value / tallest:.1f}x the tallest bar, "
+                          "off scale)", color))
+    ax.set_ylim(0, top * 1.18)
+    for i, (text, color) in enumerate(notes):
+        ax.text(0.02, 0.98 - 0.07 * i, text, transform=ax.transAxes, ha="left", va="top",
+                fontsize=8, color=color)
+    if notes:
+        ax.set_ylim(0, top * (1.18 + 0.12 * len(notes)))
