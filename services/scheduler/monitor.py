@@ -146,7 +146,8 @@ class Monitor:
         except GridstreamError as exc:
             error = str(exc)
         return JobSample(job_id, len(tasks), record.spec.partitions,
-                         record.spec.delivery == "exactly_once", names, progress, error)
+                         record.spec.delivery == "exactly_once", names, progress, error,
+                         record.submitted_at)
 
     def _figures(self, now: float, wall: float, samples: list[JobSample]) -> None:
         """Appends each stage's throughput, queue and lag to the ring buffer."""
