@@ -199,11 +199,23 @@ async def test_chromium_shows_a_killed_worker_and_its_recovery(
     profile = tmp_path / "profile"
     async with Client(cluster.scheduler_address, batch_size=500) as client:
         job_id = await client.submit(wordcount.job())
-        sending = asyncio.create_task(client.send(job_id, wordcount.generate(400_000, seed=9)))
+        lines = wordcount.generate(1_500_000, seed=9)
+        chunks = [lines[i:i + 1_000] for i in range(0, len(lines), 1_000)]
+        sent = 0
+
+        async def feed() -> None:
+            """A steady stream (150 chunks, a pause between them), so records
+            are in flight whenever the worker dies."""
+            nonlocal sent
+            for chunk in chunks:
+                await client.send(job_id, chunk)
+                sent += 1
+                await asyncio.sleep(0.05)
+
+        sending = asyncio.create_task(feed())
         try:
             async def flowing() -> bool | None:
-                progress = await client.progress(job_id)
-                return True if sum(t.records_in for t in progress.tasks) > 10_000 else None
+                return True if sent >= 20 else None
 
             await poll("records flowing", flowing, 60)
             victim = cluster.members["worker-2"]

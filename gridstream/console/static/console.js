@@ -157,9 +157,11 @@ function renderDead(state) {
   const blocks = state.jobs.filter((job) => job.dead_letters.count || job.dead_letters.error)
     .map((job) => {
       const d = job.dead_letters;
+      const text = (v) => (typeof v === "string" ? v : JSON.stringify(v));
       const rows = d.letters.slice().reverse().map((l) => el("tr", {},
-        el("td", {}, l.stage), el("td", { class: "record" }, l.record),
-        el("td", { class: "error" }, l.error), el("td", { class: "muted" }, l.id)));
+        el("td", {}, l.stage), el("td", { class: "record" }, text(l.record)),
+        el("td", { class: "error", title: l.traceback || "" }, l.error),
+        el("td", { class: "muted" }, l.id)));
       return el("div", { class: "dead-job", "data-job": job.job_id },
         el("strong", {}, job.job_id), ` ${num(d.count)} records (${num(d.stored)} stored; ` +
         `the newest below; all: gridstream dead-letters ${job.job_id}) `,
