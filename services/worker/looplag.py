@@ -16,6 +16,7 @@ or move off the loop is in the log, not left to guessing.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import sys
 import threading
@@ -99,10 +100,27 @@ class StallWatcher:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="loop stall watcher",
                                         daemon=True)
+        self._gc_started = 0.0
+        self.last_collection: tuple[int, float, float] | None = None
+        """(generation, seconds, when it ended) of the latest garbage
+        collection: the watcher cannot run during one (the collector holds
+        the GIL), so a stall it caused is named by its duration instead."""
 
     def start(self) -> None:
         """Starts watching."""
+        gc.callbacks.append(self._on_gc)
         self._thread.start()
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        now = time.monotonic()
+        if phase == "start":
+            self._gc_started = now
+            return
+        took = now - self._gc_started
+        self.last_collection = (info["generation"], took, now)
+        if took >= self.threshold_s:
+            log.warning("a garbage collection of generation %d held the event loop for %.2f s "
+                        "(%d objects freed)", info["generation"], took, info["collected"])
 
     def ticked(self, now: float) -> None:
         """The loop woke up at ``now``."""
@@ -112,6 +130,8 @@ class StallWatcher:
         """Stops the thread and waits for it."""
         self._stopped.set()
         self._thread.join(timeout=1.0)
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
 
     def _watch(self) -> None:
         while not self._stopped.wait(self.check_s):
@@ -124,6 +144,11 @@ class StallWatcher:
             if frame is None:
                 continue
             stack = "".join(traceback.format_stack(frame, limit=12))
+            collection = self.last_collection
+            during = ("" if collection is None or collection[2] < last
+                      or collection[1] < held / 4 else
+                      f", {collection[1]:.2f} s of it in a garbage collection of generation "
+                      f"{collection[0]}")
             self.stalls_logged += 1
-            log.warning("event loop held for %.2f s so far (heartbeat interval %.2f s), "
-                        "at:\n%s", held, self.threshold_s, stack.rstrip())
+            log.warning("event loop held for %.2f s so far (heartbeat interval %.2f s)%s, "
+                        "at:\n%s", held, self.threshold_s, during, stack.rstrip())
