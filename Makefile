@@ -9,7 +9,7 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 
 .PHONY: setup demo test lint unit bench clean
 
-setup: $(STAMP) $(GEN) chromium
+setup: $(STAMP) $(GEN)
 
 # tests/integration/test_console.py renders the web console in a real headless
 # Chromium (the Debian package). Installed once, as root (CI); nothing to do
@@ -49,7 +49,7 @@ lint: setup
 # Spark's JVM is started in a pytest process of its own, before any gRPC thread
 # exists there: forking the Java gateway while gRPC threads run has made it die
 # at start on a loaded machine.
-test: setup lint
+test: setup chromium lint
 	GRPC_ENABLE_FORK_SUPPORT=false $(VENV)/bin/pytest -m "not spark"
 	GRPC_ENABLE_FORK_SUPPORT=false $(VENV)/bin/pytest -m spark tests/spark
 
