@@ -44,21 +44,34 @@ class LoopLagMonitor:
         """Worst lateness since the monitor started."""
         self.period_worst_s = 0.0
         """Worst lateness of the period being measured."""
+        self.worst_held_s = 0.0
+        """Worst lateness the loop thread spent computing (its CPU time over
+        the late tick, at most the lateness): what a step of ours holds the
+        loop for. The rest of a lateness is the thread not computing: the
+        machine not running the process (a loaded host), which no chunking on
+        our side can shorten, or a blocking call (the stall watcher's stack
+        names it)."""
+        self.period_worst_held_s = 0.0
 
-    def observe(self, lateness_s: float) -> None:
-        """Counts one wake-up that came ``lateness_s`` late."""
+    def observe(self, lateness_s: float, held_s: float = 0.0) -> None:
+        """Counts one wake-up that came ``lateness_s`` late, ``held_s`` of it
+        with the loop thread computing."""
         self.worst_s = max(self.worst_s, lateness_s)
         self.period_worst_s = max(self.period_worst_s, lateness_s)
+        held_s = min(held_s, lateness_s)
+        self.worst_held_s = max(self.worst_held_s, held_s)
+        self.period_worst_held_s = max(self.period_worst_held_s, held_s)
 
     def report(self) -> None:
         """Logs the period's worst lateness when it matters, and starts a new period."""
         worst, self.period_worst_s = self.period_worst_s, 0.0
+        held, self.period_worst_held_s = self.period_worst_held_s, 0.0
         if worst < self.report_s:
             return
         level = logging.WARNING if worst >= self.heartbeat_interval_s else logging.INFO
-        log.log(level, "event loop lag: worst %.3f s in the last %.0f s (%.3f s since start; "
-                "heartbeat interval %.2f s)", worst, self.period_s, self.worst_s,
-                self.heartbeat_interval_s)
+        log.log(level, "event loop lag: worst %.3f s in the last %.0f s, %.3f s of it computing "
+                "(since start: %.3f s, computing %.3f s; heartbeat interval %.2f s)", worst,
+                self.period_s, held, self.worst_s, self.worst_held_s, self.heartbeat_interval_s)
 
     async def run(self) -> None:
         """Ticks until cancelled; the last period is reported on the way out."""
@@ -67,11 +80,12 @@ class LoopLagMonitor:
         watcher.start()
         try:
             while True:
-                before = time.monotonic()
+                before, cpu_before = time.monotonic(), time.thread_time()
                 await asyncio.sleep(self.tick_s)
                 now = time.monotonic()
                 watcher.ticked(now)
-                self.observe(max(0.0, now - before - self.tick_s))
+                self.observe(max(0.0, now - before - self.tick_s),
+                             time.thread_time() - cpu_before)
                 if now >= period_end:
                     self.report()
                     period_end = now + self.period_s

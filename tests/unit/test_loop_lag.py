@@ -30,6 +30,7 @@ async def test_a_stall_is_measured_and_logged(caplog: pytest.LogCaptureFixture) 
     with pytest.raises(asyncio.CancelledError):
         await task
     assert 0.25 <= monitor.worst_s < 1.0
+    assert monitor.worst_held_s >= 0.2  # the loop thread was computing, not starved
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING
                 and "event loop lag: worst" in r.getMessage()]
     assert warnings, caplog.text
@@ -46,3 +47,17 @@ def test_small_lateness_is_not_reported(caplog: pytest.LogCaptureFixture) -> Non
     monitor.report()
     assert [r.levelno for r in caplog.records] == [logging.INFO]
     assert monitor.worst_s == 0.08 and monitor.period_worst_s == 0.0
+
+
+async def test_a_blocked_loop_thread_is_not_counted_as_computing() -> None:
+    # A blocking wait (like a starved process) delays the loop without CPU.
+    monitor = LoopLagMonitor(heartbeat_interval_s=0.25, tick_s=0.01, period_s=0.2)
+    task = asyncio.create_task(monitor.run())
+    await asyncio.sleep(0.05)
+    time.sleep(0.3)  # noqa: ASYNC251 - holds the loop, computing nothing
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert monitor.worst_s >= 0.25
+    assert monitor.worst_held_s < 0.1
