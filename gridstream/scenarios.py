@@ -52,9 +52,9 @@ class Step:
     routing table) or ``isolate`` (cut one worker off from the scheduler, not from its peers,
     for ``pause_s``: the run must be given ``isolate=True``).
 
-    A ``kill`` with ``again`` kills the previous kill's victims once more, as
-    soon as their restarted processes are in the routing table (from
-    ``at_s`` on): each gets its partitions back and is restoring them when it
+    A ``kill`` (or ``pause``) with ``again`` hits the previous kill's victims
+    once more, as soon as their restarted processes are in the routing table
+    (from ``at_s`` on): each gets its partitions back and is restoring them when it
     dies. That is one failure after another, within ``backup_count = 1``:
     the partitions' logs are still on the workers that held them meanwhile.
     (A second victim picked among the other workers may instead hold the last

@@ -134,7 +134,8 @@ async def restore_task(runner: TaskRunner) -> bool:
         # every processed batch of a pending root and none for a completed
         # root's (dropped when it completed), whose batches may still sit
         # in the log until trimmed. Taking those for pending would leave
-        # roots that no contribution can ever complete.
+        # roots that no contribution can ever complete. A row whose batch
+        # no log copy holds any more still counts (TaskTracking.restore).
         rows = saved.get("tracking") or []
         pending_below = {int(row[0]) for row in rows}
         for entry in runner.container.retained():

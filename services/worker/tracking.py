@@ -192,11 +192,22 @@ class TaskTracking:
         offset may or may not have been reported before the crash: they count
         as reported, and the task asks for a rebuild of their roots."""
         for offset, root, value, batch_id in rows:
-            if offset < snapshot_offset and offset in self.root_at:
-                self.reported[offset] = (root, value)
-                if batch_id:
-                    self.batch_at[offset] = batch_id
-                    self.contributed.setdefault(root, set()).add(batch_id)
+            if offset >= snapshot_offset:
+                continue
+            if offset not in self.root_at:
+                if self.is_source:
+                    continue  # not held here any more: a rebuild finds it finished
+                # Processed (its window is durable) and in no log copy any
+                # more: every copy died with its workers, or the root
+                # completed after the snapshot and the batch was trimmed.
+                # The contribution is still owed to the root's rebuild (a
+                # complete tree would look lost without it), and a root
+                # that did complete is finished by its rebuild.
+                self.pending.setdefault(root, set()).add(offset)
+            self.reported[offset] = (root, value)
+            if batch_id:
+                self.batch_at[offset] = batch_id
+                self.contributed.setdefault(root, set()).add(batch_id)
         if self.is_source:
             # Registrations may or may not have been sent: all count as sent,
             # and a rebuild (which counts them) settles their trackers.

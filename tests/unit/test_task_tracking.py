@@ -187,3 +187,30 @@ def test_a_tracker_host_that_restarted_moves_its_roots() -> None:
     on_tracker_0 = {int(r) for r in ids[before.trackers_of(ids) == 0]}
     assert on_tracker_0 and on_tracker_0 != roots
     assert before.moved(restarted, roots) == on_tracker_0
+
+
+def test_a_task_whose_log_copies_died_keeps_its_snapshot_contributions() -> None:
+    # Every copy of the sink's log died (more failures than backup_count), but
+    # its snapshot covers the processed batch: the contribution is still owed
+    # to the root's rebuild, or a complete tree would look lost.
+    sink = TaskTracking(is_source=False)
+    sink.retain(0, ROOT)
+    sink.processed(0, CHILD_1, [])
+    sink.mark_reported([0])
+    restored = TaskTracking(is_source=False)
+    restored.restore(sink.snapshot(), snapshot_offset=1)  # an empty container
+    assert restored.contributions({ROOT}) == {ROOT: CHILD_1}
+    assert restored.reported_roots() == {ROOT}
+    assert restored.snapshot() == sink.snapshot()  # carried into its next window
+    assert restored.keep_from() is None  # nothing to keep in the container for it
+    assert restored.finished([ROOT]) == 1 and restored.contributions({ROOT}) == {}
+    # A source that no longer holds its batch lets the root go: a rebuild
+    # then finds no source holding it and finishes it.
+    source = TaskTracking(is_source=True)
+    source.retain(0, ROOT)
+    source.mark_registered([ROOT])
+    source.processed(0, ROOT, [CHILD_1])
+    source.mark_reported([0])
+    again = TaskTracking(is_source=True)
+    again.restore(source.snapshot(), snapshot_offset=1)
+    assert again.pending == {} and again.contributions({ROOT}) == {}
