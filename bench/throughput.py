@@ -8,11 +8,17 @@ the same conditions: ``exactly_once`` (replicated JobContainers, dedupe) and
 ``at_most_once`` (no replication). Prints medians of ``--runs`` rounds and
 writes ``throughput.txt``, ``throughput.json`` and ``throughput.png`` to
 ``--out`` (default ``~/.cache/gridstream-bench/out``, outside the repository).
+Each run also counts the CPU (user + system, every thread) of the client and
+of every member of the cluster over the timed window, read from
+``/proc/<pid>/stat``: the machine is CPU-bound, so CPU-seconds per million
+records is the figure to compare changes by (far less noisy than records/s on
+a shared machine).
 The plot shows the cluster's bars with their values; the single-process
 ceiling and the target are reference lines (or named at the top when they
 would flatten the bars). ``--replot`` draws the plot again from a JSON file.
 
     .venv/bin/python bench/throughput.py [--runs 3] [--taxi 1000000] [--words 900000]
+                                         [--workloads wordcount,taxi] [--modes ...]
                                          [--out DIR] [--replot DIR/throughput.json]
 """
 
@@ -21,18 +27,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import resource
 import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.plots import add_out_argument, bars, out_dir, pyplot
 from gridstream.builtins import count, split_words
+from gridstream.client import Client
 from gridstream.config import Config
-from gridstream.demo import run_on
+from gridstream.demo import compare, workload
 from gridstream.examples import taxi, wordcount
 from gridstream.local import LocalCluster
 
@@ -61,20 +71,100 @@ def single_process(name: str, size: int) -> float:
     return size / (time.perf_counter() - started)
 
 
-async def cluster_runs(sizes: dict[str, int], runs: int) -> dict[tuple[str, str], list[float]]:
-    rates: dict[tuple[str, str], list[float]] = {(n, m): [] for n in sizes for m in MODES}
+def process_cpu_seconds(pid: int) -> float:
+    """user + system CPU of a live process (every thread), from
+    ``/proc/<pid>/stat`` (0.0 once it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = text[text.rindex(")") + 2:].split()
+    # fields[11] and fields[12] are utime and stime (stat fields 14 and 15).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    """CPU of this process (the client), every thread."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    return own.ru_utime + own.ru_stime
+
+
+@dataclass
+class Run:
+    """One timed run: units of work, wall seconds, CPU-seconds of the client
+    and of the cluster's members over the same window."""
+
+    units: int
+    seconds: float
+    client_cpu: float
+    cluster_cpu: float
+
+    @property
+    def rate(self) -> float:
+        """Units per wall second."""
+        return self.units / self.seconds
+
+    @property
+    def cpu(self) -> float:
+        """CPU-seconds of every process of the system."""
+        return self.client_cpu + self.cluster_cpu
+
+    @property
+    def cpu_per_million(self) -> float:
+        """CPU-seconds of every process per million units."""
+        return self.cpu / self.units * 1e6
+
+    def summary(self) -> str:
+        """One line of figures."""
+        return (f"{self.units:,} in {self.seconds:.2f} s = {self.rate:,.0f}/s; "
+                f"CPU {self.cpu:.2f} s (client {self.client_cpu:.2f}, cluster "
+                f"{self.cluster_cpu:.2f}) = {self.cpu_per_million:.2f} CPU-s per million, "
+                f"{self.units / self.cpu:,.0f} per CPU-second")
+
+
+async def timed_run(cluster: LocalCluster, name: str, size: int, delivery: str,
+                    batch_size: int = 5_000) -> Run:
+    """Runs a workload in a timed window (submit to drain, as ``gridstream
+    demo`` measures it) that also counts the CPU of the client and of every
+    member; reading and checking the results come after the window."""
+    spec, keys, data, expected, units, _ = workload(name, size)
+    spec = replace(spec, delivery=delivery)
+    pids = [member.pid for member in cluster.members.values()]
+    async with Client(cluster.scheduler_address, batch_size=batch_size,
+                      security=cluster.config.security) as client:
+        cluster_before = sum(process_cpu_seconds(pid) for pid in pids)
+        client_before = own_cpu_seconds()
+        started = time.monotonic()
+        job_id = await client.submit(spec)
+        await client.send(job_id, data, keys)
+        await client.drain(job_id)
+        seconds = time.monotonic() - started
+        client_cpu = own_cpu_seconds() - client_before
+        cluster_cpu = sum(process_cpu_seconds(pid) for pid in pids) - cluster_before
+        actual = await client.results(job_id)
+    missing, extra, different = compare(actual, expected)
+    if missing or extra or different:
+        raise SystemExit(f"{name}/{delivery} did not match the reference: {missing} missing, "
+                         f"{extra} unexpected, {different} different")
+    return Run(units, seconds, client_cpu, cluster_cpu)
+
+
+async def cluster_runs(sizes: dict[str, int], runs: int,
+                       modes: tuple[str, ...]) -> dict[tuple[str, str], list[Run]]:
+    results: dict[tuple[str, str], list[Run]] = {(n, m): [] for n in sizes for m in modes}
     with tempfile.TemporaryDirectory(prefix="gridstream-bench-") as run_dir:
         async with LocalCluster(run_dir, Config(), workers=3, state_servers=2) as cluster:
+            print("members: " + ", ".join(f"{name} pid {member.pid}"
+                                          for name, member in cluster.members.items()),
+                  flush=True)
             for i in range(runs):
                 for name, size in sizes.items():
-                    for mode in MODES:
-                        report = await run_on(cluster.scheduler_address, name, size,
-                                              delivery=mode)
-                        if not report.match:
-                            raise SystemExit(f"{name}/{mode} did not match: {report.summary()}")
-                        rates[(name, mode)].append(report.rate)
-                        print(f"  round {i + 1} {mode:<13} {report.summary()}", flush=True)
-    return rates
+                    for mode in modes:
+                        run = await timed_run(cluster, name, size, mode)
+                        results[(name, mode)].append(run)
+                        print(f"  round {i + 1} {name:<9} {mode:<13} {run.summary()}",
+                              flush=True)
+    return results
 
 
 def main() -> None:
@@ -82,6 +172,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--taxi", type=int, default=1_000_000, help="taxi records")
     parser.add_argument("--words", type=int, default=900_000, help="wordcount words")
+    parser.add_argument("--workloads", default="wordcount,taxi",
+                        help="comma-separated: wordcount, taxi (default both)")
+    parser.add_argument("--modes", default=",".join(MODES),
+                        help="comma-separated delivery modes (default both; the ratio "
+                             "column needs both)")
+    parser.add_argument("--no-single", action="store_true",
+                        help="skip the single-process reference runs")
     parser.add_argument("--replot", type=Path, default=None,
                         help="draw the plot again from a throughput.json; run nothing")
     add_out_argument(parser)
@@ -90,31 +187,51 @@ def main() -> None:
     if args.replot is not None:
         plot(json.loads(args.replot.read_text()), out / "throughput.png")
         return
-    sizes = {"wordcount": args.words, "taxi": args.taxi}
+    chosen = args.workloads.split(",")
+    sizes = {name: size for name, size in (("wordcount", args.words), ("taxi", args.taxi))
+             if name in chosen}
+    modes = tuple(args.modes.split(","))
     print(f"cluster runs ({args.runs} rounds):", flush=True)
-    rates = asyncio.run(cluster_runs(sizes, args.runs))
-    baseline = {name: statistics.median(single_process(name, size) for _ in range(args.runs))
+    results = asyncio.run(cluster_runs(sizes, args.runs, modes))
+    baseline = {name: 0.0 if args.no_single else
+                statistics.median(single_process(name, size) for _ in range(args.runs))
                 for name, size in sizes.items()}
-    header = (f"{'workload':<10}{'size':>11}{'exactly-once/s':>16}{'off/s':>12}{'ratio':>8}"
-              f"{'min e-o/s':>12}{'max e-o/s':>12}{'1 process/s':>13}{'target/s':>10}")
+    header = (f"{'workload':<10}{'mode':<14}{'size':>11}{'units/s':>11}{'min/s':>11}"
+              f"{'max/s':>11}{'CPU-s/M':>9}{'client':>8}{'cluster':>9}{'per CPU-s':>11}"
+              f"{'e-o/off':>8}")
     rows = [header]
     figures: dict[str, dict[str, float]] = {}
     for name, size in sizes.items():
-        on = statistics.median(rates[(name, "exactly_once")])
-        off = statistics.median(rates[(name, "at_most_once")])
-        ratios = [a / b for a, b in zip(rates[(name, "exactly_once")],
-                                        rates[(name, "at_most_once")], strict=True)]
-        rows.append(f"{name:<10}{size:>11,}{on:>16,.0f}{off:>12,.0f}"
-                    f"{statistics.median(ratios):>8.2f}{min(rates[(name, 'exactly_once')]):>12,.0f}"
-                    f"{max(rates[(name, 'exactly_once')]):>12,.0f}{baseline[name]:>13,.0f}"
-                    f"{TARGETS[name]:>10,}")
-        figures[name] = {"size": size, "exactly_once": on, "at_most_once": off,
-                         "single_process": baseline[name], "target": TARGETS[name]}
+        for mode in modes:
+            runs = results[(name, mode)]
+            ratio = ""
+            if mode == "exactly_once" and (name, "at_most_once") in results:
+                ratio = f"{statistics.median(a.rate / b.rate for a, b in zip(runs, results[(name, 'at_most_once')], strict=True)):>8.2f}"  # noqa: E501
+            rows.append(
+                f"{name:<10}{mode:<14}{size:>11,}"
+                f"{statistics.median(r.rate for r in runs):>11,.0f}"
+                f"{min(r.rate for r in runs):>11,.0f}{max(r.rate for r in runs):>11,.0f}"
+                f"{statistics.median(r.cpu_per_million for r in runs):>9.2f}"
+                f"{statistics.median(r.client_cpu / r.units * 1e6 for r in runs):>8.2f}"
+                f"{statistics.median(r.cluster_cpu / r.units * 1e6 for r in runs):>9.2f}"
+                f"{statistics.median(r.units / r.cpu for r in runs):>11,.0f}{ratio}")
+        figures[name] = {"size": size, "single_process": baseline[name],
+                         "target": TARGETS[name]}
+        for mode in modes:
+            runs = results[(name, mode)]
+            figures[name][mode] = statistics.median(r.rate for r in runs)
+            figures[name][f"{mode}_cpu_s_per_million"] = statistics.median(
+                r.cpu_per_million for r in runs)
+        rows.append(f"{'':<10}{'1 process':<14}{size:>11,}{baseline[name]:>11,.0f}"
+                    f"{'':>31}target {TARGETS[name]:,}/s")
+    rows.append("CPU-s/M: CPU-seconds of the client and every member per million units "
+                "(client, cluster: its parts); medians of the runs.")
     table = "\n".join(rows)
     print("\n" + table)
     (out / "throughput.txt").write_text(table + "\n")
     (out / "throughput.json").write_text(json.dumps(figures, indent=1) + "\n")
-    plot(figures, out / "throughput.png")
+    if set(modes) == set(MODES):
+        plot(figures, out / "throughput.png")
 
 
 def plot(figures: dict[str, dict[str, float]], path: Path) -> None:
