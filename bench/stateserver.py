@@ -18,6 +18,10 @@ Prints tables and writes ``stateserver.txt`` and ``stateserver.png`` to
 ``--out`` (default ``~/.cache/gridstream-bench/out``, outside the repository).
 
     .venv/bin/python bench/stateserver.py [--missed 60] [--runs 3]
+    .venv/bin/python bench/stateserver.py --runs 1 --seconds 1 --missed 2   # a quick check
+
+The bench writes as the operators' owner would: at the routing epoch, and
+past the fence the job's worker set when it claimed its partitions.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from bench.plots import add_out_argument, bars, out_dir, pyplot
 from gridstream import rpc
 from gridstream.client import Client
 from gridstream.config import ClusterConfig, Config, StateServerConfig
-from gridstream.errors import Unavailable
+from gridstream.errors import StaleEpoch, Unavailable
 from gridstream.examples import wordcount
 from gridstream.ids import operator_id
 from gridstream.local import LocalCluster
@@ -49,6 +53,27 @@ from gridstream.routing import RoutingView
 from gridstream.v1 import scheduler_pb2_grpc, stateserver_pb2, stateserver_pb2_grpc
 
 PARTITIONS = 16
+
+
+@dataclass
+class OwnerEpoch:
+    """The epoch the bench writes at, as an operator's owner would.
+
+    The job's worker claims every operator when it takes its partitions,
+    which raises each operator's fence to that routing epoch; a write below
+    it is refused (StaleEpoch). The bench starts at the routing table's
+    epoch and, when refused, moves past the fence it was shown, as a new
+    owner would, instead of failing.
+    """
+
+    epoch: int = 1
+    fenced: int = 0
+    """Writes refused and retried at a newer epoch."""
+
+    def past(self, refusal: StaleEpoch) -> None:
+        """Writes from now on at an epoch no older than the refusal's fence."""
+        self.fenced += 1
+        self.epoch = max(self.epoch + 1, refusal.epoch)
 
 
 @dataclass
@@ -98,6 +123,7 @@ async def write_load(writer: ReplicaClient, job_id: str, seconds: float, writers
     """``writers`` loops, each over its own operators, for ``seconds``."""
     ops = [operator_id(job_id, t, p) for t in range(2) for p in range(PARTITIONS)]
     figures = WriteFigures()
+    owner = OwnerEpoch(max(1, writer.routing.epoch))
     payload = bytes(payload_bytes)
     deadline = time.monotonic() + seconds
 
@@ -109,11 +135,14 @@ async def write_load(writer: ReplicaClient, job_id: str, seconds: float, writers
             for op in mine:
                 started = time.monotonic()
                 try:
-                    await writer.put_snapshot(job_id, op, window, 1, payload)
+                    await writer.put_snapshot(job_id, op, window, owner.epoch, payload)
                     if rows:
                         await writer.write_results(
                             job_id, op, [[f"{op}:{window}:{i}", "1"] for i in range(rows)], [],
-                            epoch=1, version=window)
+                            epoch=owner.epoch, version=window)
+                except StaleEpoch as refusal:
+                    owner.past(refusal)
+                    continue
                 except Unavailable:
                     await asyncio.sleep(0.05)
                     continue
