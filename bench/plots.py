@@ -53,34 +53,76 @@ def pyplot() -> Any:
     return plt
 
 
+Reference = tuple[str, float, str]
+"""``(label, value, colour)``: a figure to compare the bars with (a
+single-process ceiling, a target), never drawn as a bar."""
+
+
 def bars(ax: Any, labels: Sequence[str], values: Sequence[float], colors: Sequence[str],
-         fmt: Callable[[float], str] = si, references: Sequence[tuple[str, float, str]] = ()
+         fmt: Callable[[float], str] = si, references: Sequence[Reference] = ()
          ) -> None:
     """Vertical bars with their values on top, the y axis from zero, and
-    each reference ``(label, value, colour)`` as a dashed line across the
-    panel, or, when it would flatten the bars, as a note at the top giving
-    its value and its ratio to the tallest bar."""
+    each reference as a dashed line across the panel, or, when it would
+    flatten the bars, as a note at the top giving its value and its ratio to
+    the tallest bar."""
     from matplotlib.ticker import FuncFormatter
 
     drawn = ax.bar(labels, values, color=colors)
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: si(v)))
     ax.bar_label(drawn, labels=[fmt(v) for v in values], padding=2, fontsize=8)
+    _references(ax, values, fmt, references, vertical=True)
+
+
+def hbars(ax: Any, labels: Sequence[str], values: Sequence[float], colors: Sequence[str],
+          fmt: Callable[[float], str] = si, references: Sequence[Reference] = (),
+          texts: Sequence[str] | None = None) -> Any:
+    """Horizontal bars, first label at the top, each labelled at its end
+    (``texts``, else ``fmt`` of its value), the x axis from zero, and each
+    reference as a dashed vertical line, or a note at the top when it would
+    flatten the bars. Returns the bars (to hatch some)."""
+    from matplotlib.ticker import FuncFormatter
+
+    drawn = ax.barh(labels, values, color=colors)
+    ax.invert_yaxis()
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: si(v)))
+    ax.bar_label(drawn, labels=list(texts) if texts is not None else [fmt(v) for v in values],
+                 padding=3, fontsize=8)
+    _references(ax, values, fmt, references, vertical=False)
+    return drawn
+
+
+def _references(ax: Any, values: Sequence[float], fmt: Callable[[float], str],
+                references: Sequence[Reference], vertical: bool) -> None:
+    """Draws the references along the value axis (y when ``vertical``) and
+    sets that axis from zero, with room for the bar labels and the notes."""
     tallest = max(values, default=0.0) or 1.0
     top = tallest
     notes = []
     for label, value, color in references:
         if value <= tallest * REFERENCE_FITS:
-            ax.axhline(value, color=color, ls="--", lw=1.2)
-            ax.annotate(f"{label}: {fmt(value)}", (1.0, value), xycoords=("axes fraction", "data"),
-                        xytext=(-2, 2), textcoords="offset points", ha="right", va="bottom",
-                        fontsize=8, color=color)
+            if vertical:
+                ax.axhline(value, color=color, ls="--", lw=1.2)
+                ax.annotate(f"{label}: {fmt(value)}", (1.0, value),
+                            xycoords=("axes fraction", "data"), xytext=(-2, 2),
+                            textcoords="offset points", ha="right", va="bottom", fontsize=8,
+                            color=color)
+            else:  # named at the top: along the line it would cross the bar labels
+                ax.axvline(value, color=color, ls="--", lw=1.2)
+                notes.append((f"- - {label}: {fmt(value)} (dashed line)", color))
             top = max(top, value)
         else:
-            notes.append((f"↑ {label}: {fmt(value)} ({value / tallest:.1f}x the tallest bar, "
-                          "off scale)", color))
-    ax.set_ylim(0, top * 1.18)
+            arrow, bar = ("↑", "tallest") if vertical else ("→", "longest")
+            notes.append((f"{arrow} {label}: {fmt(value)} ({value / tallest:.1f}x the {bar} "
+                          "bar, off scale)", color))
+    # Horizontal bars carry long labels (value and ratio): more room at the end.
+    room = 1.18 if vertical else 1.45
     for i, (text, color) in enumerate(notes):
-        ax.text(0.02, 0.98 - 0.07 * i, text, transform=ax.transAxes, ha="left", va="top",
-                fontsize=8, color=color)
-    if notes:
-        ax.set_ylim(0, top * (1.18 + 0.12 * len(notes)))
+        ax.text(0.02 if vertical else 0.98, 0.98 - 0.07 * i, text, transform=ax.transAxes,
+                ha="left" if vertical else "right", va="top", fontsize=8, color=color)
+    if vertical:
+        ax.set_ylim(0, top * (room + 0.12 * len(notes)))
+    else:
+        ax.set_xlim(0, top * room)
+        if notes:  # the notes sit above the first bar
+            low, high = ax.get_ylim()
+            ax.set_ylim(low, high - 0.9 * len(notes))

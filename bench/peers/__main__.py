@@ -46,9 +46,11 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parent.parent))
 
 from common import check_taxi_layout  # noqa: E402
 
+from bench.plots import Reference, hbars, pyplot  # noqa: E402
 from gridstream.demo import compare  # noqa: E402
 from gridstream.examples import taxi, wordcount  # noqa: E402
 
@@ -341,18 +343,21 @@ COLOURS = {"gridstream": "#1f77b4", "Bytewax": "#ff7f0e", "Pathway": "#2ca02c",
            "plain Python": "#7f7f7f"}
 
 
+CEILING = "plain Python"
+"""The single-process set-up: a ceiling for what a record costs, drawn as a
+reference line (or named at the top when it would flatten the bars), never
+as a bar."""
+
+
 def plot(rows: list[Row], order: list[System], path: Path, title: str) -> None:
     """Horizontal bars per workload: records/s, records per CPU-second and peak
     memory, each bar labelled with its value, every axis from zero; hatched
-    bars are set-ups with fault tolerance on."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    workloads = [w for w in WORKLOADS if any(r.workload == w for r in rows)]
+    bars are set-ups with fault tolerance on; the single-process run is a
+    reference line (``bench/plots.py``)."""
     from matplotlib.patches import Patch
-    from matplotlib.ticker import FuncFormatter
+
+    plt = pyplot()
+    workloads = [w for w in WORKLOADS if any(r.workload == w for r in rows)]
 
     def ratio(value: float | None) -> str:
         return f"   gs {value:.2f}x" if value is not None else ""
@@ -365,27 +370,38 @@ def plot(rows: list[Row], order: list[System], path: Path, title: str) -> None:
          lambda r: f"{r.peak_mb:,.0f}"),
     ]
     family = {s.name: s.family for s in order}
+    shown = [s for s in order if s.name != CEILING]
     fig, axes = plt.subplots(len(workloads), len(metrics), squeeze=False,
-                             figsize=(6 * len(metrics), 0.5 * len(order) * len(workloads) + 2.5))
+                             figsize=(6 * len(metrics), 0.5 * len(shown) * len(workloads) + 3))
     for row_axes, workload in zip(axes, workloads, strict=True):
-        block = [r for r in rows if r.workload == workload]
+        block = [r for r in rows if r.workload == workload and r.system != CEILING]
+        ceiling = next((r for r in rows if r.workload == workload and r.system == CEILING), None)
         names = [r.system for r in block]
         for ax, (label, value, fmt) in zip(row_axes, metrics, strict=True):
-            values = [value(r) for r in block]
-            bars = ax.barh(names, values, color=[COLOURS[family[n]] for n in names])
-            for bar, r in zip(bars, block, strict=True):
+            references: list[Reference] = []
+            if ceiling is not None:
+                references.append((f"{CEILING} (1 process, no fault tolerance)",
+                                   value(ceiling), COLOURS[CEILING]))
+            drawn = hbars(ax, names, [value(r) for r in block],
+                          [COLOURS[family[n]] for n in names],
+                          fmt=_si if label != metrics[2][0] else (lambda v: f"{v:,.0f}"),
+                          references=references, texts=[fmt(r) for r in block])
+            for bar, r in zip(drawn, block, strict=True):
                 if r.fault_tolerance:
                     bar.set_hatch("//")
-            ax.bar_label(bars, labels=[fmt(r) for r in block], padding=3, fontsize=8)
-            ax.set_xlim(0, max(values, default=1) * 1.4 or 1)
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: _si(v)))
-            ax.invert_yaxis()
+            if ceiling is not None and ceiling.rate_ratio is not None and label != metrics[2][0]:
+                gs = ceiling.rate_ratio if label == metrics[0][0] else ceiling.cpu_ratio
+                ax.text(0.98, 0.02, f"gridstream at_most_once / {CEILING}: {gs:.2f}x",
+                        transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
+                        color=COLOURS[CEILING])
             ax.set_title(f"{workload}: {label}", fontsize=10)
             ax.tick_params(axis="y", labelsize=8)
             ax.tick_params(axis="x", labelsize=8)
     fig.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch="//",
                               label="fault tolerance on"),
-                        *(Patch(color=c, label=f) for f, c in COLOURS.items())],
+                        *(Patch(color=c, label=f) for f, c in COLOURS.items() if f != CEILING),
+                        Patch(facecolor="white", edgecolor=COLOURS[CEILING], ls="--",
+                              label=f"{CEILING}: reference line (or named when off scale)")],
                loc="lower center", ncol=5, fontsize=8)
     fig.suptitle(title + "\ngs Nx: gridstream's figure over the bar's (exactly_once vs fault "
                  "tolerance on, at_most_once vs off; on gridstream exactly_once: over "
