@@ -167,8 +167,26 @@ class LocalCluster:
         member.address = ready["address"]
         member.metrics_address = ready.get("metrics", "")
         member.console_url = ready.get("console", "")
-        await wait_healthy(member.address, max(1.0, deadline - time.monotonic()),
-                           security=self.config.security)
+        # A member killed right after writing its ready file must not keep
+        # the caller (the supervisor above all) waiting out the health
+        # check's deadline: its death ends the wait at once.
+        health = asyncio.create_task(wait_healthy(
+            member.address, max(1.0, deadline - time.monotonic()),
+            security=self.config.security))
+        try:
+            while not health.done():
+                if not member.alive():
+                    raise RuntimeError(
+                        f"{member.name} exited with code "
+                        f"{member.process.returncode if member.process else '?'} before it "
+                        f"was healthy; see {member.log_path}")
+                await asyncio.wait({health}, timeout=0.05)
+            health.result()
+        finally:
+            if not health.done():
+                health.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await health
 
     def _member(self, name: str, role: str, argv: list[str]) -> MemberProcess:
         member = MemberProcess(
