@@ -2,9 +2,18 @@
 
 It serves three things: the page (``/``), its static files
 (``/static/NAME``, shipped inside the package) and the JSON document the
-page polls (``/api/state``). One request per connection, GET and HEAD only,
-bounded request size and time: a browser polling once a second needs no more,
-and no web framework is added to the scheduler.
+page polls (``/api/state``). One request per connection, GET and HEAD only:
+a browser polling once a second needs no more, and no web framework is added
+to the scheduler.
+
+Every caller is untrusted, and the server runs inside the scheduler, so each
+connection is bounded: its request head in size (``MAX_HEADER_BYTES``, else
+431; a request line over ``MAX_TARGET_BYTES``, 414) and in time (the whole
+head within ``REQUEST_TIMEOUT_S``, however slowly it trickles in, else 408),
+the answer in time (``WRITE_TIMEOUT_S`` for a reader that does not read), and
+the connections open at once (``MAX_CONNECTIONS``, beyond which a caller gets
+503 at once). Anything malformed gets 400, any other method 405; whatever
+happens in one connection is logged and closes that connection only.
 
 Security follows the cluster's: with ``security.tls`` it speaks HTTPS with
 the member certificate (requiring a client certificate from ``ca_file``
@@ -38,9 +47,18 @@ log = logging.getLogger(__name__)
 COOKIE = "gridstream_token"
 """Cookie holding the console token after a ``?token=`` visit."""
 MAX_HEADER_BYTES = 16 * 1024
-"""Largest request head accepted."""
-REQUEST_TIMEOUT_S = 10.0
-"""Time a client has to send its request head."""
+"""Largest request head accepted (431 beyond)."""
+MAX_TARGET_BYTES = 4 * 1024
+"""Longest request line accepted (414 beyond): the console's own addresses
+are short; only a token or a window ride in the query."""
+REQUEST_TIMEOUT_S = 5.0
+"""Time a client has to send its whole request head (408 after): a browser
+sends it at once; a slow trickle of bytes does not extend it."""
+WRITE_TIMEOUT_S = 10.0
+"""Time an answer has to leave: a caller that never reads is dropped."""
+MAX_CONNECTIONS = 64
+"""Connections served at once; more get 503 and are closed at once, so a
+flood of idle sockets costs the scheduler bounded memory and time."""
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
           ".css": "text/css; charset=utf-8", ".svg": "image/svg+xml"}
 _NAME = re.compile(r"^[a-z0-9_-]+\.(html|js|css|svg)$")
@@ -99,8 +117,9 @@ class ConsoleServer:
     async def start(self, host: str, port: int) -> str:
         """Binds and serves; returns the console's URL."""
         context = server_ssl_context(self.security)
-        self._server = await asyncio.start_server(self._accept, host, port, ssl=context,
-                                                  limit=MAX_HEADER_BYTES)
+        self._server = await asyncio.start_server(
+            self._accept, host, port, ssl=context, limit=MAX_HEADER_BYTES,
+            ssl_handshake_timeout=REQUEST_TIMEOUT_S if context else None)
         bound = self._server.sockets[0].getsockname()[1]
         shown = f"[{host}]" if ":" in host else host
         self.url = f"{'https' if context else 'http'}://{shown}:{bound}/"
@@ -122,23 +141,49 @@ class ConsoleServer:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
+        busy = len(self._connections) >= MAX_CONNECTIONS
         self._connections.add(task)
         try:
+            if busy:
+                await _send(writer, HTTPStatus.SERVICE_UNAVAILABLE,
+                            f"{MAX_CONNECTIONS} connections are open; retry later\n".encode(),
+                            extra={"Retry-After": "1"})
+                return
             await self._serve(reader, writer)
-        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError,
-                asyncio.LimitOverrunError, ssl.SSLError):
+        except asyncio.CancelledError:
+            raise
+        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError, ssl.SSLError):
             pass
+        except Exception:  # one caller's request must never reach the scheduler
+            log.exception("console request failed; closing its connection")
         finally:
             self._connections.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
-                await writer.wait_closed()
+                await asyncio.wait_for(writer.wait_closed(), WRITE_TIMEOUT_S)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
+        except TimeoutError:
+            await _send(writer, HTTPStatus.REQUEST_TIMEOUT,
+                        f"send the request head within {REQUEST_TIMEOUT_S:.0f} s\n".encode())
+            return
+        except asyncio.LimitOverrunError:
+            await _send(writer, HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE,
+                        f"the request head is over {MAX_HEADER_BYTES} bytes\n".encode())
+            await _linger(reader, writer)
+            return
+        except asyncio.IncompleteReadError:
+            return  # the caller closed before a whole head: nobody to answer
         lines = head.decode("latin-1").split("\r\n")
+        if len(lines[0]) > MAX_TARGET_BYTES:
+            await _send(writer, HTTPStatus.REQUEST_URI_TOO_LONG,
+                        f"the request line is over {MAX_TARGET_BYTES} bytes\n".encode())
+            await _linger(reader, writer)
+            return
         parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[0].isalpha():
             await _send(writer, HTTPStatus.BAD_REQUEST, b"bad request\n")
             return
         method, target = parts[0], parts[1]
@@ -150,9 +195,14 @@ class ConsoleServer:
         if method not in ("GET", "HEAD"):
             await _send(writer, HTTPStatus.METHOD_NOT_ALLOWED, b"GET only\n",
                         extra={"Allow": "GET, HEAD"})
+            await _linger(reader, writer)
             return
-        url = urlsplit(target)
-        query = parse_qs(url.query)
+        try:
+            url = urlsplit(target)
+            query = parse_qs(url.query, max_num_fields=20)
+        except ValueError:
+            await _send(writer, HTTPStatus.BAD_REQUEST, b"bad request target\n")
+            return
         status, body, content_type, extra = self._answer(url.path, query, headers)
         await _send(writer, status, body, content_type, extra, head_only=method == "HEAD")
 
@@ -225,4 +275,14 @@ async def _send(writer: asyncio.StreamWriter, status: HTTPStatus, body: bytes,
     writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
     if not head_only:
         writer.write(body)
-    await writer.drain()
+    await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After answering a request whose body was not read (a POST), ends the
+    answer and reads a bounded amount of what is left, briefly, so that
+    closing does not reset the connection before the caller reads the answer."""
+    with contextlib.suppress(Exception):
+        if writer.can_write_eof():
+            writer.write_eof()
+        await asyncio.wait_for(reader.read(MAX_HEADER_BYTES * 4), 1.0)
