@@ -60,7 +60,8 @@ PARTITIONS = 12
 WORDS_PER_LINE = 10
 _LAG = re.compile(r"^(\S+ \S+) .*event loop lag: worst (\d+\.\d+) s in the last \S+ s, "
                   r"(\d+\.\d+) s of it computing")
-_STARTED = re.compile(r"^(\S+ \S+) .*?/t1/p(\d+) started: snapshot window (\S+),.*\((\d+\.\d+)s\)")
+_STARTED = re.compile(r"^(\S+ \S+) .*?/t1/p(\d+) started: snapshot window (\S+),"
+                      r".*\((\d+\.\d+)s[:)]")
 
 
 def probe_keys(partitions: int) -> dict[int, str]:

@@ -65,11 +65,14 @@ async def restore_task(runner: TaskRunner) -> bool:
     """Restores ``runner`` before its loop starts; True when it resumed from
     earlier state (a snapshot or a log copy) rather than starting fresh."""
     started = time.monotonic()
+    steps: dict[str, float] = {}
     snapshot = await retry(
         f"{runner.operator_id}: reading the latest snapshot",
         lambda: runner.state_client.read_state(runner.job_id, runner.operator_id, runner.epoch),
         (GridstreamError,), on_error=_warn(runner.operator_id))
+    steps["read"] = time.monotonic() - started
     fetched = await runner.fetch_log(runner.key, runner.epoch)
+    steps["log"] = time.monotonic() - started - steps["read"]
     offset = 0
     in_sequences: dict[str, int] = {}
     saved: dict[str, Any] = {}
@@ -78,7 +81,9 @@ async def restore_task(runner: TaskRunner) -> bool:
         # rebuilt from a base and its deltas a chunk at a time.
         window = snapshot.window
         saved = codec.unpack(snapshot.header)
+        applying = time.monotonic()
         await apply_stored(runner.chain, snapshot)
+        steps["apply"] = time.monotonic() - applying
         runner.persister.head = window
         if runner.shuffle is not None:
             runner.shuffle.sequences = {int(p): int(s) for p, s in
@@ -151,8 +156,9 @@ async def restore_task(runner: TaskRunner) -> bool:
         e.count for e in runner.container.entries(offset, runner.container.next_offset))
     runner.recovery_seconds = time.monotonic() - started
     log.info("%s started: snapshot window %s, offset %d; log copy %s; %d batches to "
-             "replay (%.3fs)", runner.operator_id, snapshot.window if snapshot else None,
+             "replay (%.3fs: %s)", runner.operator_id, snapshot.window if snapshot else None,
              offset, None if fetched is None else
              f"{fetched[0]}..{fetched[0] + len(fetched[2])}",
-             runner.recovered_batches, runner.recovery_seconds)
+             runner.recovered_batches, runner.recovery_seconds,
+             ", ".join(f"{step} {seconds:.3f}s" for step, seconds in steps.items()))
     return snapshot is not None or bool(fetched and (fetched[2] or fetched[1]))
