@@ -115,10 +115,14 @@ async def _status(args: argparse.Namespace) -> int:
                       f"{t.records_processed:>11}{t.records_out:>11}{t.queue_records:>9}"
                       f"{t.windows_persisted:>8}{t.dead_letters:>6}{t.roots_pending:>7}"
                       f"{t.roots_failed:>7}{t.batches_lost:>6}{t.restarts:>9}")
-            from gridstream.watch import job_warnings
+        from gridstream.watch import warning_lines
 
-            for warning in job_warnings(args.job, progress):
-                print(f"  ! {warning}")
+        # The scheduler's own warnings, as status --watch and the console show them.
+        warnings = warning_lines(status.warnings, args.job)
+        scope = f" (job {args.job} and the cluster)" if args.job else ""
+        print(f"\nwarnings{scope}:" if warnings else f"\nno warnings{scope}")
+        for warning in warnings:
+            print(f"  ! {warning}")
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Protocol
 
 from gridstream.client import Client
 from gridstream.errors import GridstreamError
+from gridstream.types import ClusterWarning
 from gridstream.v1 import common_pb2, scheduler_pb2
 
 STATES = {1: "alive", 2: "suspect", 3: "dead", 4: "leaving"}
@@ -128,20 +129,30 @@ def job_alerts(job_id: str, progress: ProgressReport) -> list[Alert]:
     return alerts
 
 
-def job_warnings(job_id: str, progress: ProgressReport) -> list[str]:
-    """The warnings of one progress report as lines (``gridstream status
-    --job``): :func:`job_alerts`, plus the tuple trees that ever timed out and
-    what holds the drain."""
-    warnings = [a.line() for a in job_alerts(job_id, progress)]
-    failed = sum(t.roots_failed for t in progress.tasks)
-    pending = sum(t.roots_pending for t in progress.tasks)
-    if failed:
-        warnings.append(f"{job_id}: {failed} tuple trees timed out and were rebuilt, {pending} "
-                        "pending; if it keeps growing, a task is stuck or tracking_timeout_s "
-                        "is below the queueing delay")
-    if not progress.drained and progress.holding and pending:
-        warnings.append(f"{job_id}: not drained: {progress.holding}")
-    return warnings
+def warning_lines(warnings: Iterable[ClusterWarning], job_id: str | None = None,
+                  now: float | None = None) -> list[str]:
+    """The scheduler's warnings (``ClusterStatus.warnings``) as lines, each
+    with what to do and how long it has lasted: ``gridstream status`` and
+    ``status --watch`` print these, the console shows the same list. With
+    ``job_id``, that job's warnings and those of the cluster itself (a
+    member suspect or dead concerns every job)."""
+    wall = time.time() if now is None else now
+    lines = []
+    for w in warnings:
+        if job_id is not None and w.job_id not in ("", job_id):
+            continue
+        lasted = f" (for {_duration(wall - w.since)})" if w.since else ""
+        lines.append(f"{w.text} — {w.action}{lasted}")
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
 
 
 def trend_alerts(job_id: str, task: int, past: list[StageFigures]) -> list[Alert]:
@@ -162,11 +173,6 @@ def trend_alerts(job_id: str, task: int, past: list[StageFigures]) -> list[Alert
             "health`, their logs and disks)", f"persistence_behind/{job_id}/{task}", job_id,
             task))
     return alerts
-
-
-def trend_warnings(job_id: str, task: int, past: list[StageFigures]) -> list[str]:
-    """:func:`trend_alerts` as text."""
-    return [a.text for a in trend_alerts(job_id, task, past)]
 
 
 # -- the rules that need history ---------------------------------------------------
@@ -530,7 +536,7 @@ class Watcher:
                 lines.append(f"  {when} {e.node_id}: {STATES.get(e.old_state, 'new')} -> "
                              f"{STATES.get(e.new_state, '?')} ({e.reason or 'detector'}, "
                              f"phi {e.phi:.1f})")
-        warnings = [f"{w.text} — {w.action}" for w in status.warnings] + notes
+        warnings = warning_lines(status.warnings) + notes
         lines += ["", "warnings:" if warnings else "no warnings"]
         lines += [f"  ! {w}" for w in warnings]
         return "\n".join(lines)

@@ -102,6 +102,38 @@ async def test_dead_letters_are_json_lines_and_results_of_an_empty_job_say_so(
     assert (none.code, none.out) == (0, "") and "no dead letters" in none.err, none
 
 
+async def test_status_job_shows_the_schedulers_warnings_of_that_job(
+        cluster: LocalCluster) -> None:
+    async with Client(cluster.scheduler_address) as client:
+        quiet = await client.submit(SUM_BY_PARITY)
+        job_id = await client.submit(SUM_BY_PARITY)
+        await client.send(job_id, ["1", "x", "2", "y", "3"])
+        await client.drain(job_id, timeout_s=60)
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:  # the monitor samples once a second
+            run = await gridstream("status", "--job", job_id, *flags(cluster))
+            assert run.code == 0, run
+            if "went to the dead letters" in run.out:
+                break
+            assert asyncio.get_running_loop().time() < deadline, run.out
+            await asyncio.sleep(0.5)
+        warnings = (await client.status()).warnings
+    # The same warning the scheduler publishes (and the console shows), with
+    # what to do and since when.
+    line = next(x for x in run.out.splitlines() if "went to the dead letters" in x)
+    ours = [w for w in warnings if w.job_id == job_id and w.kind == "dead_letters_rising"]
+    assert ours and any(line.strip().startswith(f"! {w.text} — {w.action}") for w in ours), (
+        line, ours)
+    assert f"warnings (job {job_id} and the cluster):" in run.out and "(for " in line
+    # Another job's warnings are not listed under this one.
+    other = await gridstream("status", "--job", quiet, *flags(cluster))
+    assert other.code == 0 and "went to the dead letters" not in other.out, other.out
+    assert job_id not in other.out.split("warnings", 1)[-1], other.out
+    # Plain status lists every warning.
+    every = await gridstream("status", *flags(cluster))
+    assert "went to the dead letters" in every.out, every.out
+
+
 async def test_status_shows_each_members_metrics_address(cluster: LocalCluster) -> None:
     run = await gridstream("status", "--run-dir", str(cluster.run_dir), *flags(cluster))
     assert run.code == 0, run

@@ -4,6 +4,7 @@ episodes, and the recovery timeline, over hand-made samples."""
 
 from __future__ import annotations
 
+from gridstream.types import ClusterWarning
 from gridstream.v1 import common_pb2, scheduler_pb2
 from gridstream.watch import (
     Alert,
@@ -11,7 +12,8 @@ from gridstream.watch import (
     JobSample,
     WarningDetector,
     WarningRules,
-    job_warnings,
+    job_alerts,
+    warning_lines,
 )
 from services.scheduler.recoveries import CoverageSample, RecoveryTimeline
 
@@ -26,33 +28,47 @@ def progress(**fields: object) -> scheduler_pb2.JobProgress:
         **job_fields)  # type: ignore[arg-type]
 
 
+def lines(job: scheduler_pb2.JobProgress) -> list[str]:
+    """What a progress report alone raises, one line each."""
+    return [a.line() for a in job_alerts("j", job)]
+
+
 def test_a_healthy_job_has_no_warnings() -> None:
-    assert job_warnings("j", progress(drained=True)) == []
+    assert lines(progress(drained=True)) == []
 
 
 def test_a_loss_is_a_warning_that_names_it() -> None:
-    warnings = job_warnings("j", progress(losses=["j/t1/p3: 2 batches lost on channel t0/p1"]))
-    assert len(warnings) == 1 and "DATA LOSS j/t1/p3" in warnings[0]
-
-
-def test_pending_and_failed_roots_and_what_holds_the_drain_are_shown() -> None:
-    warnings = job_warnings("j", progress(roots_pending=2, roots_failed=2, drained=False,
-                                          holding="task 0 partition 3: 2 tuple trees not "
-                                          "complete"))
-    assert any("2 tuple trees timed out" in w and "2 pending" in w for w in warnings)
-    assert any("not drained: task 0 partition 3" in w for w in warnings)
+    found = lines(progress(losses=["j/t1/p3: 2 batches lost on channel t0/p1"]))
+    assert len(found) == 1 and "DATA LOSS j/t1/p3" in found[0]
 
 
 def test_a_restarted_task_names_its_error() -> None:
-    warnings = job_warnings("j", progress(restarts=3, last_error="RecursionError: deep"))
-    assert warnings == ["j task 0 partition 3 on worker-2: restarted 3 times from its snapshot "
-                        "(last error: RecursionError: deep) — see that worker's log"]
+    found = lines(progress(restarts=3, last_error="RecursionError: deep"))
+    assert found == ["j task 0 partition 3 on worker-2: restarted 3 times from its snapshot "
+                     "(last error: RecursionError: deep) — see that worker's log"]
 
 
 def test_a_partition_moved_off_a_failing_worker_is_named() -> None:
     line = "j/t0/p3: moved off worker-2 after 3 restarts (OSError: disk full)"
-    warnings = job_warnings("j", progress(moved=[line], drained=True))
-    assert warnings == [f"{line} — the task could not run there; see that worker's log"]
+    found = lines(progress(moved=[line], drained=True))
+    assert found == [f"{line} — the task could not run there; see that worker's log"]
+
+
+def test_status_lines_are_the_schedulers_warnings_of_a_job_and_the_cluster() -> None:
+    """``gridstream status [--job]`` prints ClusterStatus.warnings, nothing of its own."""
+    warnings = [
+        ClusterWarning("dead_letters_rising", "a", 0, [1], "", "a: 3 records", "look", 100.0),
+        ClusterWarning("dead_letters_rising", "b", 0, [1], "", "b: 2 records", "look", 100.0),
+        ClusterWarning("member_suspect", "", -1, [], "worker-2", "worker-2 suspect", "host",
+                       3000.0),
+    ]
+    assert warning_lines(warnings, now=3700.0) == [
+        "a: 3 records — look (for 60m)", "b: 2 records — look (for 60m)",
+        "worker-2 suspect — host (for 12m)"]
+    assert warning_lines(warnings, "a", now=160.0)[0] == "a: 3 records — look (for 60s)"
+    assert [w.split(" — ")[0] for w in warning_lines(warnings, "a", now=160.0)] == [
+        "a: 3 records", "worker-2 suspect"]
+    assert warning_lines([], "a") == []
 
 
 # -- the rules that need history (gridstream.watch.WarningDetector) ----------------
