@@ -12,9 +12,11 @@ from services.worker.looplag import LoopLagMonitor
 
 
 def hold_loop(seconds: float) -> None:
-    """Computes for ``seconds`` without yielding, like a step that holds the loop."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    """Computes for ``seconds`` of this thread's CPU time without yielding,
+    like a step that holds the loop (CPU time, so a loaded machine that
+    runs the thread only part of the time still sees it compute that long)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
         pass
 
 
@@ -29,7 +31,7 @@ async def test_a_stall_is_measured_and_logged(caplog: pytest.LogCaptureFixture) 
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert 0.25 <= monitor.worst_s < 1.0
+    assert 0.25 <= monitor.worst_s < 10.0
     assert monitor.worst_held_s >= 0.2  # the loop thread was computing, not starved
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING
                 and "event loop lag: worst" in r.getMessage()]
