@@ -83,7 +83,7 @@ async def _status(args: argparse.Namespace) -> int:
             print(f"scheduler {scheduler}, metrics http://{metrics[scheduler]}/metrics")
         print(f"{'member':<14}{'role':<13}{'state':<9}{'address':<22}{'partitions':>10}"
               f"{'heartbeat age':>15}{'phi':>7}{'snapshots':>11}{'snapshot MB':>13}"
-              + (f"  {'metrics':<22}" if metrics else ""))
+              + ("  metrics" if metrics else ""))
         for m in status.members:
             stored = (f"{m.snapshots:>11}{m.snapshot_bytes / 1e6:>13.2f}"
                       if m.member.role == 2 else f"{'':>24}")
