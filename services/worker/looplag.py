@@ -114,7 +114,7 @@ class StallWatcher:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="loop stall watcher",
                                         daemon=True)
-        self._gc_started = 0.0
+        self._gc_started = self._gc_cpu_started = 0.0
         self.last_collection: tuple[int, float, float] | None = None
         """(generation, seconds, when it ended) of the latest garbage
         collection: the watcher cannot run during one (the collector holds
@@ -126,15 +126,18 @@ class StallWatcher:
         self._thread.start()
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
-        now = time.monotonic()
+        now, cpu = time.monotonic(), time.thread_time()
         if phase == "start":
-            self._gc_started = now
+            self._gc_started, self._gc_cpu_started = now, cpu
             return
-        took = now - self._gc_started
+        # Its CPU time, not its wall time: a loaded machine that does not run
+        # the process during a short collection is not the collector's doing.
+        took = cpu - self._gc_cpu_started
         self.last_collection = (info["generation"], took, now)
         if took >= self.threshold_s:
             log.warning("a garbage collection of generation %d held the event loop for %.2f s "
-                        "(%d objects freed)", info["generation"], took, info["collected"])
+                        "of CPU time (%.2f s in all; %d objects freed)", info["generation"],
+                        took, now - self._gc_started, info["collected"])
 
     def ticked(self, now: float) -> None:
         """The loop woke up at ``now``."""
