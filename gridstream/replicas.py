@@ -258,8 +258,9 @@ class ReplicaClient:
         merged: dict[str, tuple[str, int]] = {}
 
         async def read(stub: stateserver_pb2_grpc.StateServerStub) -> None:
-            async for chunk in stub.ReadResults(
-                stateserver_pb2.ReadResultsRequest(job_id=job_id), timeout=rpc.DATA_TIMEOUT_S
+            async for chunk in rpc.idle_stream(
+                stub.ReadResults(stateserver_pb2.ReadResultsRequest(job_id=job_id)),
+                f"reading results of {job_id}",
             ):
                 for key, value, version in codec.unpack(chunk.rows):
                     held = merged.get(key)
@@ -274,9 +275,9 @@ class ReplicaClient:
         merged: dict[str, tuple[str, str, str, str]] = {}
 
         async def read(stub: stateserver_pb2_grpc.StateServerStub) -> None:
-            async for chunk in stub.ReadDeadLetters(
-                stateserver_pb2.ReadDeadLettersRequest(job_id=job_id),
-                timeout=rpc.DATA_TIMEOUT_S,
+            async for chunk in rpc.idle_stream(
+                stub.ReadDeadLetters(stateserver_pb2.ReadDeadLettersRequest(job_id=job_id)),
+                f"reading dead letters of {job_id}",
             ):
                 for entry_id, stage, record, error in codec.unpack(chunk.entries):
                     merged[entry_id] = (entry_id, stage, record, error)
@@ -356,9 +357,9 @@ async def _read_state(
     windows: list[StateWindowRead] = []
     open_window: StateWindowRead | None = None
     received = 0
-    async for chunk in stub.ReadState(
-        stateserver_pb2.ReadStateRequest(job_id=job_id, operator_id=operator_id),
-        timeout=rpc.DATA_TIMEOUT_S * 8,
+    async for chunk in rpc.idle_stream(
+        stub.ReadState(stateserver_pb2.ReadStateRequest(job_id=job_id, operator_id=operator_id)),
+        f"reading the state of {operator_id}",
     ):
         meta = chunk.meta
         body = chunk.header + chunk.entries

@@ -3,9 +3,10 @@ mapping of exceptions to status codes inside servicers."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -13,7 +14,7 @@ import grpc
 
 from gridstream.auth import load_cluster_secret, member_credentials
 from gridstream.config import SecurityConfig
-from gridstream.errors import GridstreamError
+from gridstream.errors import GridstreamError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,11 @@ CONTROL_TIMEOUT_S = 5.0
 
 DATA_TIMEOUT_S = 15.0
 """Deadline of a data call (push, snapshot, results)."""
+
+STREAM_IDLE_S = DATA_TIMEOUT_S
+"""Longest wait for the next message of a server stream (results, dead
+letters, state). A stream has no deadline as a whole: a big answer that keeps
+arriving is never cut off, however long it takes in all."""
 
 _KEEPALIVE_MS = 10_000
 
@@ -170,3 +176,22 @@ def servicer_method(func: _F) -> _F:
             )
 
     return wrapper  # type: ignore[return-value]
+
+
+async def idle_stream(call: Any, what: str,
+                      idle_s: float = STREAM_IDLE_S) -> AsyncIterator[Any]:
+    """The messages of a server-streaming ``call`` (started without a
+    deadline), failing with Unavailable when none arrives for ``idle_s``; the
+    call is cancelled however the iteration ends."""
+    messages = call.__aiter__()
+    try:
+        while True:
+            try:
+                message = await asyncio.wait_for(messages.__anext__(), idle_s)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise Unavailable(f"{what}: nothing arrived for {idle_s:.0f}s") from None
+            yield message
+    finally:
+        call.cancel()

@@ -245,12 +245,11 @@ class ReplicaSync:
         entries: list[Entry] = []
         first: stateserver_pb2.StateChunk | None = None
         try:
-            async for chunk in self._stub(address).ReadState(
+            async for chunk in rpc.idle_stream(self._stub(address).ReadState(
                 stateserver_pb2.ReadStateRequest(
                     job_id=job_id, operator_id=operator_id, has_after=after is not None,
-                    after_window=after or 0, packed=True),
-                timeout=rpc.DATA_TIMEOUT_S * 8,
-            ):
+                    after_window=after or 0, packed=True)),
+                    f"copying the state of {operator_id} from {address}"):
                 body = chunk.header + chunk.entries
                 if len(body) != chunk.meta.size or checksum(body) != chunk.meta.checksum:
                     log.error("a chunk of %s's state from %s failed its checksum; not copied",
