@@ -194,6 +194,10 @@ class WarningRules:
     suspect_recent_s: float = 30.0
     """A member that was suspect this recently (and is alive now) is still
     named: a blip of phi is news too."""
+    died_recent_s: float = 60.0
+    """A member that died this recently without announcing its stop (and is
+    back now, restarted by its supervisor) is still named: a crash that
+    healed itself in a second is exactly what an operator must not miss."""
 
 
 @dataclass(frozen=True)
@@ -299,6 +303,13 @@ class WarningDetector:
                      if e.old_state == scheduler_pb2.MEMBER_STATE_SUSPECT
                      and e.new_state == scheduler_pb2.MEMBER_STATE_ALIVE
                      and wall - e.at <= self.rules.suspect_recent_s}
+        # Died (not an announced stop), then registered again: a crash that
+        # its supervisor healed. "stopped" marks an announced stop.
+        died: dict[str, scheduler_pb2.MemberEvent] = {}
+        for e in status.events:
+            if (e.new_state == scheduler_pb2.MEMBER_STATE_DEAD and e.reason != "stopped"
+                    and wall - e.at <= self.rules.died_recent_s):
+                died[e.node_id] = e
         for m in status.members:
             node = m.member.node_id
             if node in announced:
@@ -314,6 +325,15 @@ class WarningDetector:
                     "member_dead", f"{node} is dead; its partitions moved to the others",
                     "a supervisor (gridstream up, systemd) restarts it; if it does not come "
                     "back, see its log", f"member_dead/{node}", node_id=node))
+            elif m.member.state == scheduler_pb2.MEMBER_STATE_ALIVE and node in died:
+                event = died[node]
+                how = ("restarted before it was declared dead" if event.reason == "restarted"
+                       else f"declared dead at phi {event.phi:.1f}")
+                alerts.append(Alert(
+                    "member_dead", f"{node} died {wall - event.at:.0f}s ago ({how}) and is "
+                    "back; its partitions moved and returned", "it did not announce a stop: "
+                    "see its log and its host's (a kill, out of memory, a crash)",
+                    f"member_dead/{node}", node_id=node))
             elif m.member.state == scheduler_pb2.MEMBER_STATE_ALIVE and node in suspected:
                 event = suspected[node]
                 alerts.append(Alert(

@@ -113,7 +113,7 @@ class SchedulerCore:
                     old.incarnation[:8])
             self.detections += 1
             self.record(request.node_id, old_state, scheduler_pb2.MEMBER_STATE_DEAD,
-                        old.phi, "restarted")
+                        old.phi, "stopped" if self.announced(request.node_id) else "restarted")
             old_state = scheduler_pb2.MEMBER_STATE_DEAD
         if old is not None and old.incarnation != request.incarnation:
             self.forgive(request.node_id)
@@ -240,7 +240,8 @@ class SchedulerCore:
                     "%s: %s -> %s (phi %.2f)%s", t.node_id, _STATE_NAMES.get(t.old, "?"),
                     _STATE_NAMES.get(t.new, "?"), t.phi,
                     " after it announced its stop" if self.announced(t.node_id) else "")
-            self.record(t.node_id, t.old, t.new, t.phi, "detector")
+            announced = t.new == scheduler_pb2.MEMBER_STATE_DEAD and self.announced(t.node_id)
+            self.record(t.node_id, t.old, t.new, t.phi, "stopped" if announced else "detector")
 
     async def detect_forever(self) -> None:
         """The failure detector's loop; owned by the service's TaskGroup."""

@@ -173,6 +173,26 @@ def test_a_member_suspect_now_or_lately_is_a_warning_unless_it_announced_its_sto
     assert kinds(observe(WarningDetector(), 0, status=back)) == ["member_suspect"]
 
 
+def test_a_member_that_died_and_came_back_is_named_for_a_minute() -> None:
+    alive = scheduler_pb2.MemberStatus(member=scheduler_pb2.Member(node_id="worker-2",
+                                                                  state=ALIVE))
+
+    def status(reason: str, at: float) -> scheduler_pb2.ClusterStatus:
+        return scheduler_pb2.ClusterStatus(members=[alive], events=[
+            scheduler_pb2.MemberEvent(node_id="worker-2", old_state=SUSPECT, new_state=DEAD,
+                                      at=at, phi=9.4, reason=reason),
+            scheduler_pb2.MemberEvent(node_id="worker-2", old_state=DEAD, new_state=ALIVE,
+                                      at=at + 1, reason="registered")])
+
+    crashed = observe(WarningDetector(), 0, status=status("detector", 990))
+    assert kinds(crashed) == ["member_dead"]
+    assert "worker-2 died 10s ago (declared dead at phi 9.4) and is back" in crashed[0].text
+    restarted = observe(WarningDetector(), 0, status=status("restarted", 990))
+    assert "restarted before it was declared dead" in restarted[0].text
+    assert observe(WarningDetector(), 0, status=status("stopped", 990)) == []
+    assert observe(WarningDetector(), 0, status=status("detector", 900)) == []  # long ago
+
+
 def test_an_episode_is_new_once_and_clears_after_clear_s() -> None:
     episodes = Episodes(clear_s=10)
     alert = Alert("roots_timing_out", "t", "a", "roots/j", "j")
