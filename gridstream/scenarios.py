@@ -256,7 +256,8 @@ async def run_history(
                 delay = started + step.at_s - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                fault = await _inject(cluster, step, rng, sender, proxy, run.faults)
+                fault = await _inject(cluster, step, rng, sender, proxy, run.faults,
+                                      any(s.again for s in steps))
                 run.faults.append(fault)
                 watchers.append(asyncio.create_task(_detections(client, fault)))
             await sending
@@ -326,8 +327,15 @@ async def _isolatable(cluster: LocalCluster, worker: str) -> FaultProxy:
 
 
 async def _incarnations(client: Client) -> dict[str, str]:
-    """node id -> incarnation of every live worker in the routing table."""
-    table = await client.routing_table()
+    """node id -> incarnation of every live worker in the routing table (an
+    unreachable scheduler is asked again for a while, then is an error)."""
+    backoff = Backoff("reading the routing table", deadline_s=30.0)
+    while True:
+        try:
+            table = await client.routing_table()
+            break
+        except (Unavailable, DeadlineExceeded) as exc:
+            await backoff.wait(exc)
     return {m.node_id: m.incarnation for m in table.members
             if m.role == scheduler_pb2.MEMBER_ROLE_WORKER and m.state != DEAD}
 
@@ -348,7 +356,7 @@ async def _restarted(client: Client, before: dict[str, str], timeout_s: float = 
 
 async def _inject(cluster: LocalCluster, step: Step, rng: random.Random,
                   sender: Sender, proxy: FaultProxy | None,
-                  earlier: list[FaultRecord]) -> FaultRecord:
+                  earlier: list[FaultRecord], note_incarnations: bool) -> FaultRecord:
     workers = sorted(n for n, m in cluster.members.items() if m.role == "worker")
     if step.kind == "isolate":
         if proxy is None:
@@ -380,7 +388,7 @@ async def _inject(cluster: LocalCluster, step: Step, rng: random.Random,
         running = [w for w in workers if cluster.members[w].alive()] or workers
         victims = rng.sample(running, min(step.victims, len(running)))
     record = FaultRecord(step.kind, victims, time.time(), time.monotonic(), sender.in_flight())
-    if step.kind == "kill":
+    if step.kind == "kill" and note_incarnations:  # a later step hits them again
         current = await _incarnations(sender.client)
         record.incarnations = {v: current[v] for v in victims if v in current}
     if step.kind == "pause":
