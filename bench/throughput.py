@@ -98,6 +98,8 @@ class Run:
     seconds: float
     client_cpu: float
     cluster_cpu: float
+    roles: dict[str, float]
+    """CPU-seconds per member role (scheduler, worker, stateserver)."""
 
     @property
     def rate(self) -> float:
@@ -118,7 +120,9 @@ class Run:
         """One line of figures."""
         return (f"{self.units:,} in {self.seconds:.2f} s = {self.rate:,.0f}/s; "
                 f"CPU {self.cpu:.2f} s (client {self.client_cpu:.2f}, cluster "
-                f"{self.cluster_cpu:.2f}) = {self.cpu_per_million:.2f} CPU-s per million, "
+                f"{self.cluster_cpu:.2f}: "
+                + ", ".join(f"{role} {cpu:.2f}" for role, cpu in sorted(self.roles.items()))
+                + f") = {self.cpu_per_million:.2f} CPU-s per million, "
                 f"{self.units / self.cpu:,.0f} per CPU-second")
 
 
@@ -129,10 +133,10 @@ async def timed_run(cluster: LocalCluster, name: str, size: int, delivery: str,
     member; reading and checking the results come after the window."""
     spec, keys, data, expected, units, _ = workload(name, size)
     spec = replace(spec, delivery=delivery)
-    pids = [member.pid for member in cluster.members.values()]
+    pids = {member.pid: member.role for member in cluster.members.values()}
     async with Client(cluster.scheduler_address, batch_size=batch_size,
                       security=cluster.config.security) as client:
-        cluster_before = sum(process_cpu_seconds(pid) for pid in pids)
+        before = {pid: process_cpu_seconds(pid) for pid in pids}
         client_before = own_cpu_seconds()
         started = time.monotonic()
         job_id = await client.submit(spec)
@@ -140,13 +144,15 @@ async def timed_run(cluster: LocalCluster, name: str, size: int, delivery: str,
         await client.drain(job_id)
         seconds = time.monotonic() - started
         client_cpu = own_cpu_seconds() - client_before
-        cluster_cpu = sum(process_cpu_seconds(pid) for pid in pids) - cluster_before
+        roles: dict[str, float] = {}
+        for pid, role in pids.items():
+            roles[role] = roles.get(role, 0.0) + process_cpu_seconds(pid) - before[pid]
         actual = await client.results(job_id)
     missing, extra, different = compare(actual, expected)
     if missing or extra or different:
         raise SystemExit(f"{name}/{delivery} did not match the reference: {missing} missing, "
                          f"{extra} unexpected, {different} different")
-    return Run(units, seconds, client_cpu, cluster_cpu)
+    return Run(units, seconds, client_cpu, sum(roles.values()), roles)
 
 
 async def cluster_runs(sizes: dict[str, int], runs: int,
