@@ -67,11 +67,11 @@ async def test_watch_view_shows_members_stages_and_warns_on_slow_persistence(
     assert "worker-1" in screen and "state-1" in screen and job_id in screen
     assert "no warnings" in screen
     # A stage whose queue and backlog grow at every refresh is flagged.
-    from gridstream.watch import GROWTH_WINDOW, StageFigures, trend_warnings
+    from gridstream.watch import GROWTH_WINDOW, StageFigures, trend_alerts
 
     rising = [StageFigures(processed=i, queued=i * 10, persist_pending=i)
               for i in range(GROWTH_WINDOW + 1)]
-    warned = trend_warnings(job_id, 1, rising)
+    warned = [alert.text for alert in trend_alerts(job_id, 1, rising)]
     assert len(warned) == 2 and "queue growing" in warned[0] and "falling behind" in warned[1]
     steady = [*rising[:-1], StageFigures(queued=0, persist_pending=0)]
-    assert trend_warnings(job_id, 1, steady) == []
+    assert trend_alerts(job_id, 1, steady) == []
