@@ -148,6 +148,7 @@ class ConsoleServer:
                 await _send(writer, HTTPStatus.SERVICE_UNAVAILABLE,
                             f"{MAX_CONNECTIONS} connections are open; retry later\n".encode(),
                             extra={"Retry-After": "1"})
+                await _linger(reader, writer)  # the answer first, not a reset
                 return
             await self._serve(reader, writer)
         except asyncio.CancelledError:
