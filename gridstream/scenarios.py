@@ -383,9 +383,11 @@ async def _inject(cluster: LocalCluster, step: Step, rng: random.Random,
         await _restarted(sender.client, previous.incarnations)
         victims = previous.victims
     else:
-        # Faults land on running workers (one killed a moment ago may still be
-        # restarting); the victims are drawn from those.
-        running = [w for w in workers if cluster.members[w].alive()] or workers
+        # Faults land on running, registered workers (one killed a moment ago
+        # may still be restarting; a process not yet registered was never
+        # given work, and no detector can see it go): victims come from those.
+        running = [w for w in workers if cluster.members[w].alive()
+                   and cluster.members[w].ready_file.exists()] or workers
         victims = rng.sample(running, min(step.victims, len(running)))
     record = FaultRecord(step.kind, victims, time.time(), time.monotonic(), sender.in_flight())
     if step.kind == "kill" and note_incarnations:  # a later step hits them again

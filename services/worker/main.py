@@ -88,8 +88,17 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
             metrics_address = metrics.start(config.worker.metrics_host,
                                             config.worker.metrics_port, node.metrics)
             log.info("worker %s serving on %s (pid %d)", node_id, address, os.getpid())
-            write_ready_file(ready_file, address=address, node_id=node_id,
-                             metrics=metrics_address)
+            # Ready means it can be given work: registered, not only listening
+            # (a supervisor or a test that waits for the file sees a member
+            # the scheduler knows; a stop before that skips it).
+            registered = group.create_task(agent.registered.wait(), name="first registration")
+            stopping = group.create_task(stop.wait(), name="stop before registration")
+            await asyncio.wait({registered, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            registered.cancel()
+            stopping.cancel()
+            if agent.registered.is_set():
+                write_ready_file(ready_file, address=address, node_id=node_id,
+                                 metrics=metrics_address)
             await stop.wait()
             log.info("worker %s draining", node_id)
             await host.stop(grace_s=5.0)
