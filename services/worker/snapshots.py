@@ -20,11 +20,12 @@ state never holds up heartbeats.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import gc
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -165,6 +166,31 @@ FREEZE_AFTER_ENTRIES = 50_000
 """A restore applying this many keys or more ends with ``gc.freeze()``."""
 
 
+_collector_pauses = 0
+"""Restores applying state right now (the collector runs again at zero)."""
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Keeps the cyclic garbage collector off while a restore applies state.
+
+    Applying builds the state as fast as it can: the growing heap triggers
+    full collections that walk it all again, each holding the loop (a tenth
+    of a second and more at a few hundred thousand keys), in the middle of
+    a chunk that is meant to be short. Restores on one worker may overlap:
+    the collector is back on once the last of them ends."""
+    global _collector_pauses
+    if _collector_pauses == 0:
+        gc.disable()
+    _collector_pauses += 1
+    try:
+        yield
+    finally:
+        _collector_pauses -= 1
+        if _collector_pauses == 0:
+            gc.enable()
+
+
 async def apply_stored(chain: OperatorChain, stored: StoredState) -> int:
     """Applies a stored state (a whole state, then deltas) to ``chain``, one
     chunk at a time with the loop let through between; returns the entries
@@ -173,18 +199,20 @@ async def apply_stored(chain: OperatorChain, stored: StoredState) -> int:
     A large restored state lives as long as the task, so it is moved out of
     the cyclic collector's sight (``gc.freeze()``): otherwise every full
     collection walks millions of objects again and holds the loop for up to
-    a second, long enough to delay heartbeats."""
+    a second, long enough to delay heartbeats. The collector stays off while
+    the state is applied (:func:`collector_paused`)."""
     applied = 0
-    for window in stored.windows:
-        if window.parent is None:
-            chain.clear_state()
-        for chunk in window.chunks:
-            applied += chain.apply_entries(codec.unpack(chunk))
-            await asyncio.sleep(0)
-    for touched in chain.touched.values():
-        touched.clear()
-    if applied >= FREEZE_AFTER_ENTRIES:
-        gc.freeze()
+    with collector_paused():
+        for window in stored.windows:
+            if window.parent is None:
+                chain.clear_state()
+            for chunk in window.chunks:
+                applied += chain.apply_entries(codec.unpack(chunk))
+                await asyncio.sleep(0)
+        for touched in chain.touched.values():
+            touched.clear()
+        if applied >= FREEZE_AFTER_ENTRIES:
+            gc.freeze()
     return applied
 
 

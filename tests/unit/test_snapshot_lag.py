@@ -19,7 +19,12 @@ from services.stateserver.layout import StateWindow
 from services.stateserver.rows import decode_state_entries
 from services.stateserver.store import SnapshotStore
 from services.worker.operators import DELETED, OperatorChain
-from services.worker.snapshots import PendingSnapshot, apply_stored, pack_changes
+from services.worker.snapshots import (
+    PendingSnapshot,
+    apply_stored,
+    collector_paused,
+    pack_changes,
+)
 
 KEYS = 300_000
 TOLERANCE_S = ClusterConfig().heartbeat_interval_s / 2
@@ -120,3 +125,13 @@ async def test_packed_chunks_stay_small_and_decode_to_the_changes() -> None:
     assert len(chunks) > 6 and all(len(data) < 400 * 1024 for data, _ in chunks)
     decoded = [entry for data, count in chunks for entry in decode_state_entries(data, count)]
     assert len(decoded) == 30_001 and decoded[-1] == ("s", pack("gone"), None)
+
+
+def test_the_collector_is_off_while_restores_apply_and_back_after_the_last() -> None:
+    assert gc.isenabled()
+    with collector_paused():
+        assert not gc.isenabled()
+        with collector_paused():  # a second restore on the same worker
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the first one is still applying
+    assert gc.isenabled()
