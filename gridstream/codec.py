@@ -26,8 +26,10 @@ def encode_batch(
     if keys is not None and len(keys) != len(values):
         raise ValueError("keys and values differ in length")
     try:
+        # Lists go in as they are (msgpack only reads them): no copy per hop.
         payload = msgpack.packb(
-            [None if keys is None else list(keys), list(values)], use_bin_type=True
+            [None if keys is None else keys if type(keys) is list else list(keys),
+             values if type(values) is list else list(values)], use_bin_type=True
         )
     except (TypeError, ValueError, OverflowError) as exc:
         raise PayloadError(f"records must be msgpack-serialisable (str, bytes, int, float, "
