@@ -7,6 +7,7 @@ messages.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,6 +61,25 @@ def decode_batch(batch: common_pb2.RecordBatch) -> tuple[list[Any] | None, list[
     if keys is not None and len(keys) != len(values):
         raise PayloadError("payload has a different number of keys and values")
     return keys, values
+
+
+_ROW_ENCODER = json.JSONEncoder(default=repr, separators=(",", ":"))
+"""What ``json.dumps(value, default=repr, separators=(",", ":"))`` builds on
+every call, built once."""
+_encode_str = json.encoder.encode_basestring_ascii
+
+
+def row_json(value: Any) -> str:
+    """A result row's stored JSON: ``json.dumps(value, default=repr,
+    separators=(",", ":"))`` character for character, without building an
+    encoder per row (an exact str or int takes the very C function the
+    encoder would call for it)."""
+    kind = type(value)
+    if kind is str:
+        return _encode_str(value)
+    if kind is int:
+        return int.__repr__(value)
+    return _ROW_ENCODER.encode(value)
 
 
 def pack(obj: Any) -> bytes:

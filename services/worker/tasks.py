@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 import uuid
@@ -26,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from gridstream import codec
+from gridstream.codec import row_json
 from gridstream.deadletters import encode_error, encode_message, encode_record
 from gridstream.errors import GridstreamError
 from gridstream.faults import FAULTS, crash_point, drop_report, tasks_fail
@@ -74,10 +74,6 @@ FetchLog = Callable[[tuple[str, int, int], int], Awaitable[FetchedLog | None]]
 
 def _row_key(key: Any) -> str:
     return key if isinstance(key, str) else key_text(key)
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, default=repr, separators=(",", ":"))
 
 
 class TaskRunner:
@@ -404,7 +400,7 @@ class TaskRunner:
         items = list(rows.items())
         chunk = 5_000
         for start in range(0, max(len(items), 1), chunk):
-            part = [[_row_key(k), _json(v)] for k, v in items[start:start + chunk]]
+            part = [[_row_key(k), row_json(v)] for k, v in items[start:start + chunk]]
             dead_part = dead if start == 0 else []
             if part or dead_part:
                 self._row_version = max(self._row_version + 1,
