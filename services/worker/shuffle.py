@@ -22,6 +22,8 @@ from services.worker.peers import OutSegment, PeerRouter
 
 _CACHE_LIMIT = 200_000
 _PLAIN_KEYS = (str, int, bytes)
+_PLAIN_KEY_SET = frozenset(_PLAIN_KEYS)
+"""The exact types of keys routed as they are (a subclass is converted first)."""
 
 
 def _plain_key(key: Any) -> Any:
@@ -68,7 +70,7 @@ class Shuffle:
         key_fn = self.key_fn
         try:
             keys = [key_fn(v) for v in values]
-            if all(type(k) is str for k in keys) or all(type(k) in _PLAIN_KEYS for k in keys):
+            if _PLAIN_KEY_SET.issuperset(map(type, keys)):  # every key a plain str, int, bytes
                 return keys, values
         except Exception:
             pass
@@ -91,22 +93,24 @@ class Shuffle:
     ) -> list[OutSegment]:
         """Keys the records and groups them into segments, one sequence each."""
         keys, values = self._keys(values, batch_id, dead)
-        buckets: dict[int, tuple[list[Any], list[Any]]] = {}
         partition_of = self._partition_of
         if len(partition_of) > _CACHE_LIMIT:
             partition_of.clear()
         parts = self.partitions
         digest = xxhash.xxh64_intdigest
+        get = partition_of.get
+        # One list per partition, found by index: no bucket lookup per record.
+        bucket_keys: list[list[Any]] = [[] for _ in range(parts)]
+        bucket_values: list[list[Any]] = [[] for _ in range(parts)]
         for k, v in zip(keys, values, strict=True):
-            p = partition_of.get(k)
+            p = get(k)
             if p is None:
                 text = k if type(k) is str else key_text(k)
                 p = partition_of[k] = digest(text.encode()) % parts
-            bucket = buckets.get(p)
-            if bucket is None:
-                bucket = buckets[p] = ([], [])
-            bucket[0].append(k)
-            bucket[1].append(v)
+            bucket_keys[p].append(k)
+            bucket_values[p].append(v)
+        buckets = {p: (bucket_keys[p], bucket_values[p]) for p in range(parts)
+                   if bucket_values[p]}
         segments: list[OutSegment] = []
         size = self.batch_records
         for p in sorted(buckets):

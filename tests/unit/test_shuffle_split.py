@@ -1,0 +1,61 @@
+"""The shuffle's split gives the segments the record-by-record split gave:
+the same partitions (xxh64 of the key's text mod P), sequences, keys and
+values in record order, and the same dead letters for bad keys."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import xxhash
+
+from gridstream.ids import key_text
+from services.worker.operators import check_key
+from services.worker.shuffle import Shuffle
+
+
+def key_of(value: Any) -> Any:
+    return value[0]
+
+
+def reference(values: list[Any], partitions: int, size: int,
+              sequences: dict[int, int]) -> list[tuple[int, int, list[Any], list[Any]]]:
+    """The split as it was: record by record, a dict of buckets."""
+    buckets: dict[int, tuple[list[Any], list[Any]]] = {}
+    for v in values:
+        k = key_of(v)
+        if not check_key(k):
+            continue
+        text = k if type(k) is str else key_text(k)
+        p = xxhash.xxh64_intdigest(text.encode()) % partitions
+        bucket = buckets.setdefault(p, ([], []))
+        bucket[0].append(k)
+        bucket[1].append(v)
+    out = []
+    for p in sorted(buckets):
+        bk, bv = buckets[p]
+        for start in range(0, len(bv), size):
+            sequences[p] = sequences.get(p, 0) + 1
+            out.append((p, sequences[p], bk[start:start + size], bv[start:start + size]))
+    return out
+
+
+def test_split_matches_the_record_by_record_split() -> None:
+    rng = random.Random(3)
+    keys: list[Any] = [f"k{i}" for i in range(300)] + list(range(50)) + [b"b1", b"b2"]
+    for partitions in (1, 7, 12):
+        shuffle = Shuffle("job", 1, "next", partitions, key_of, "t0/p0",
+                          router=None, batch_records=40)  # type: ignore[arg-type]
+        sequences: dict[int, int] = {}
+        for n in range(60):
+            values: list[Any] = [[rng.choice(keys), rng.random()]
+                                 for _ in range(rng.randrange(0, 200))]
+            if n % 5 == 0 and values:
+                values.insert(rng.randrange(len(values)), [None, 1.0])  # a bad key
+            dead: list[Any] = []
+            segments = shuffle.split(values, f"b#{n}", dead)
+            expected = reference(values, partitions, 40, sequences)
+            assert [(s.partition, s.sequence, s.keys, s.values) for s in segments] == expected
+            assert all(s.previous_sequence == s.sequence - 1 for s in segments)
+            assert len(dead) == (1 if n % 5 == 0 and values else 0)
+        assert shuffle.sequences == sequences
