@@ -204,11 +204,7 @@ class Client(ControlCalls):
                 raise ValueError("keys and values differ in length")
             check_nesting(keys, "key")
             check_nesting(values, "record")
-            grouped: dict[int, tuple[list[Any], list[Any]]] = {}
-            for k, v in zip(keys, values, strict=True):
-                bucket = grouped.setdefault(partition_for_key(k, partitions), ([], []))
-                bucket[0].append(k)
-                bucket[1].append(v)
+            grouped = _group_by_partition(keys, values, partitions)
             for p, (bk, bv) in grouped.items():
                 for start in range(0, len(bv), self.batch_size):
                     per_partition.setdefault(p, []).append(
@@ -451,6 +447,28 @@ class Client(ControlCalls):
         await self._state.routing.refresh()
         return [DeadLetter.from_stored(*entry)
                 for entry in await self._state.read_dead_letters(job_id)]
+
+
+def _group_by_partition(keys: Sequence[Any], values: list[Any], partitions: int
+                        ) -> dict[int, tuple[list[Any], list[Any]]]:
+    """Keys and values per partition (:func:`partition_for_key`), in record
+    order, partitions in ascending order. A str key's partition is computed
+    once per distinct key (only exact str keys are remembered: ``1``, ``1.0``
+    and ``True`` are equal as dict keys but not as partition keys)."""
+    known: dict[str, int] = {}
+    bucket_keys: list[list[Any]] = [[] for _ in range(partitions)]
+    bucket_values: list[list[Any]] = [[] for _ in range(partitions)]
+    for k, v in zip(keys, values, strict=True):
+        if type(k) is str:
+            p = known.get(k)
+            if p is None:
+                p = known[k] = partition_for_key(k, partitions)
+        else:
+            p = partition_for_key(k, partitions)
+        bucket_keys[p].append(k)
+        bucket_values[p].append(v)
+    return {p: (bucket_keys[p], bucket_values[p]) for p in range(partitions)
+            if bucket_values[p]}
 
 
 def _halves(batch: Batch) -> list[Batch]:
