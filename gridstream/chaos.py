@@ -315,7 +315,7 @@ async def history_main(args: argparse.Namespace) -> int:
                             workers=args.workers, config=load_config(args.config),
                             seed=args.seed, drain_timeout_s=300.0)
     print(run.table())
-    return 0 if run.verdict.ok and not run.losses else 1
+    return 0 if run.verdict.ok and not run.losses and not run.undrained else 1
 
 
 def _duration(text: str) -> float:

@@ -92,6 +92,8 @@ class HistoryRun:
     faults: list[FaultRecord] = field(default_factory=list)
     verdict: HistoryVerdict = field(default_factory=HistoryVerdict)
     losses: list[str] = field(default_factory=list)
+    undrained: str = ""
+    """Why the job did not drain within the bound (empty when it did)."""
     wrongly_convicted: list[str] = field(default_factory=list)
     records: int = 0
     state_keys: int = 0
@@ -119,6 +121,8 @@ class HistoryRun:
                      f"{self.verdict.summary()}")
         if self.losses:
             lines.append("named losses: " + "; ".join(self.losses))
+        if self.undrained:
+            lines.append("NOT DRAINED: " + self.undrained)
         if self.wrongly_convicted:
             lines.append("convicted while alive: " + ", ".join(self.wrongly_convicted))
         return "\n".join(lines)
@@ -271,6 +275,9 @@ async def run_history(
             run.losses = list(progress.losses)
         except DataLoss as exc:  # named, not silent: the caller decides
             run.losses = [str(exc)]
+        except DeadlineExceeded as exc:  # named too: what holds it, and the losses so far
+            run.undrained = str(exc)
+            run.losses = list((await client.progress(job_id)).losses)
         run.seconds = time.monotonic() - started
         actual = await client.results(job_id)
         events = await _dead_events(client, wall_started)

@@ -33,6 +33,7 @@ def assert_exact(run: HistoryRun) -> None:
     assert all(f.in_flight for f in run.faults), run.table()
     assert run.verdict.ok, run.table()
     assert not run.losses, run.table()
+    assert not run.undrained, run.table()
 
 
 async def test_kills_pauses_and_a_kill_during_a_restore(tmp_path: Path) -> None:
@@ -88,8 +89,12 @@ async def test_the_checker_catches_a_build_that_acknowledges_before_replicating(
     env = {"GRIDSTREAM_FAULT_ACK_BEFORE_REPLICATE": "1"}
     # Short root timeouts: trees that lost a batch are abandoned (and named)
     # after three rebuilds instead of after three default timeouts.
+    # (A tree whose batch was lost can stay incomplete past the drain bound:
+    # drain then fails naming what holds it, and the losses are named in the
+    # job's progress. Seen once in CI; tracked as an open bug.)
     run = await run_history(steps, tmp_path, records=50_000, stream_s=12.0,
-                            config=config(), extra_env=env, seed=4, tracking_timeout_s=2.0)
+                            config=config(), extra_env=env, seed=4, tracking_timeout_s=2.0,
+                            drain_timeout_s=60.0)
     print(run.table())
     assert not run.verdict.ok
     assert run.verdict.lost, run.table()
