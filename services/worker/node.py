@@ -153,7 +153,7 @@ class WorkerNode:
         )
         runner.epoch = self.routing.epoch
         if runtime.spec.tracking_timeout_s:
-            self.trackers.timeouts[runtime.job_id] = runtime.spec.tracking_timeout_s
+            self.trackers.set_timeout(runtime.job_id, runtime.spec.tracking_timeout_s)
         return runner
 
     async def _supervise(self, runner: TaskRunner) -> None:

@@ -232,6 +232,26 @@ class TrackerHost:
             self._events.setdefault(job_id, []).append(roots)
             self._recently_completed.append((time.monotonic(), job_id, roots))
 
+    def set_timeout(self, job_id: str, timeout_s: float) -> None:
+        """The job's root timeout, known once a task of the job starts here.
+        A table made before that (a rebuild asked of a worker that had just
+        restarted) has the cluster default, which can be far longer than the
+        period at which sources ask again for an overdue root: every request
+        then rebuilt the root before it could time out, so a tree that lost a
+        batch was never abandoned and the job never drained. Such a table's
+        roots are rebuilt into one with the job's timeout."""
+        if self.timeouts.get(job_id) == timeout_s:
+            return
+        self.timeouts[job_id] = timeout_s
+        for key in [k for k in self.tables if k[0] == job_id]:
+            table = self.tables[key]
+            if table.timeout_s == timeout_s:
+                continue
+            del self.tables[key]
+            pending = {int(r) for r in table.pending_ids()}
+            if pending:
+                self._start_rebuild(key, pending, failed=False)
+
     def heard_completed(self, job_id: str, roots: U64) -> None:
         """Remembers completions a tracker announced to this worker."""
         if roots.size:

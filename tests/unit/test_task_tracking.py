@@ -214,3 +214,20 @@ def test_a_task_whose_log_copies_died_keeps_its_snapshot_contributions() -> None
     again = TaskTracking(is_source=True)
     again.restore(source.snapshot(), snapshot_offset=1)
     assert again.pending == {} and again.contributions({ROOT}) == {}
+
+
+def test_a_table_made_before_the_job_timeout_was_known_is_rebuilt_with_it() -> None:
+    # A rebuild asked of a worker that had just restarted made the job's table
+    # with the cluster default (30 s). Sources ask again for an overdue root at
+    # twice the job's own timeout (4 s here), and each request rebuilt the
+    # root before it could time out: never abandoned, never drained.
+    host = TrackerHost("worker-1", RoutingView(cast(Any, None), 64), rpc.ChannelPool())
+    early = host._table("job", 0)
+    assert early.timeout_s == 30.0
+    early.xor(np.asarray([ROOT], dtype=np.uint64), np.asarray([CHILD_1], dtype=np.uint64))
+    host.set_timeout("job", 2.0)
+    assert ("job", 0) not in host.tables
+    assert host._rebuilds[("job", 0)].roots == {ROOT}  # rebuilt into the right table
+    assert host._table("job", 0).timeout_s == 2.0
+    host.set_timeout("job", 2.0)  # known already: nothing more
+    assert host._table("job", 0).timeout_s == 2.0
