@@ -32,7 +32,7 @@ from gridstream.errors import DataLoss, DeadlineExceeded, GridstreamError, Unava
 from gridstream.examples import history
 from gridstream.faultproxy import FaultProxy
 from gridstream.local import LocalCluster
-from gridstream.retry import Backoff
+from gridstream.retry import retry
 from gridstream.tracking.ring import tracker_hosts
 from gridstream.v1 import scheduler_pb2
 
@@ -196,13 +196,8 @@ async def _dead_events(client: Client, since_wall: float) -> list[tuple[str, flo
     """(member, time) of every death the scheduler recorded since the run
     began (a scheduler that restarted remembers only its own); an unreachable
     scheduler is asked again for a while, then is an error, never "none"."""
-    backoff = Backoff("asking the scheduler for member events", deadline_s=30.0)
-    while True:
-        try:
-            status = await client.status()
-            break
-        except (Unavailable, DeadlineExceeded) as exc:
-            await backoff.wait(exc)
+    status = await retry("asking the scheduler for member events", client.status,
+                         (Unavailable, DeadlineExceeded), deadline_s=30.0)
     return [(e.node_id, e.at) for e in status.events
             if e.at >= since_wall and e.new_state == DEAD]
 
@@ -336,13 +331,8 @@ async def _isolatable(cluster: LocalCluster, worker: str) -> FaultProxy:
 async def _incarnations(client: Client) -> dict[str, str]:
     """node id -> incarnation of every live worker in the routing table (an
     unreachable scheduler is asked again for a while, then is an error)."""
-    backoff = Backoff("reading the routing table", deadline_s=30.0)
-    while True:
-        try:
-            table = await client.routing_table()
-            break
-        except (Unavailable, DeadlineExceeded) as exc:
-            await backoff.wait(exc)
+    table = await retry("reading the routing table", client.routing_table,
+                        (Unavailable, DeadlineExceeded), deadline_s=30.0)
     return {m.node_id: m.incarnation for m in table.members
             if m.role == scheduler_pb2.MEMBER_ROLE_WORKER and m.state != DEAD}
 
