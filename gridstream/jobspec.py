@@ -27,16 +27,27 @@ A job file looks like::
 The runtime cuts the pipeline into *tasks* at every keyed stage: the stages of
 a task run chained in one JobOperator per partition; between tasks, records
 shuffle by key to the partition's owner.
+
+A job may also be a graph (a DAG): a stage names the stages it reads with
+``inputs = ["parse"]`` (several names: a union; ``"@source"``: the records
+sent to the job; none: the stage before it), one stream may feed several
+stages (fan-out), and there may be several sinks, each ``mode = "latest"``
+(one row per key) or ``"append"`` (every record). A stage's ``params`` table
+is passed to its function as keyword arguments. The cluster's workers run
+linear pipelines only (see :func:`check_cluster_runnable`);
+:func:`gridstream.testing.run_local` runs the whole graph in one process, and
+:mod:`gridstream.dataflow` builds graphs in Python.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import json
 import math
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +69,17 @@ STAGE_KINDS: dict[str, int] = {
 KIND_NAMES = {v: k for k, v in STAGE_KINDS.items()}
 KEYED_KINDS = frozenset({"reduce", "stateful"})
 
+SINK_MODES: dict[str, int] = {
+    "latest": common_pb2.SINK_MODE_LATEST,
+    "append": common_pb2.SINK_MODE_APPEND,
+}
+"""What a sink keeps: the latest value per key, or every record."""
+SINK_MODE_NAMES = {v: k for k, v in SINK_MODES.items()}
+
+SOURCE = "@source"
+"""The name a stage's ``inputs`` give the records sent to the job (no stage
+can be called that: stage names have no '@')."""
+
 DELIVERY_MODES: dict[str, int] = {
     "exactly_once": common_pb2.DELIVERY_MODE_EXACTLY_ONCE,
     "at_least_once": common_pb2.DELIVERY_MODE_AT_LEAST_ONCE,
@@ -78,6 +100,8 @@ MAX_TRACKING_TIMEOUT_S = 86_400.0
 """Longest tracking_timeout_s a job may ask for (a day)."""
 MAX_INITIAL_JSON_BYTES = 1024 * 1024
 """Largest ``initial`` value of a stage, as JSON."""
+MAX_PARAMS_JSON_BYTES = 1024 * 1024
+"""Largest ``params`` of a stage, as JSON."""
 
 DEFAULT_JOB_MODULES: tuple[str, ...] = ClusterConfig().job_modules
 """What jobs may name when the cluster's config says nothing (cluster.job_modules)."""
@@ -124,7 +148,9 @@ def check_allowed_path(path: str, where: str, allowed: tuple[str, ...] | None = 
 
 def check_allowed(job: JobSpec, allowed: tuple[str, ...] | None = None) -> None:
     """Checks every import path of a job against the allowed modules before
-    anything is imported (scheduler at submit, workers at deploy)."""
+    anything is imported (scheduler at submit, workers at deploy), and that
+    the cluster can run the job's shape (:func:`check_cluster_runnable`)."""
+    check_cluster_runnable(job)
     for stage in job.stages:
         where = f"job {job.name}, stage {stage.name}"
         if stage.function:
@@ -133,15 +159,46 @@ def check_allowed(job: JobSpec, allowed: tuple[str, ...] | None = None) -> None:
             check_allowed_path(stage.key, f"{where}, key", allowed)
 
 
+def _unknown_kind(name: str, kind: str) -> str:
+    """The message for a kind that is not one: the kinds, and the nearest."""
+    near = difflib.get_close_matches(kind, list(STAGE_KINDS), n=1)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    return (f"stage {short(name)}: unknown kind {short(kind)}{hint}; use one of "
+            f"{', '.join(STAGE_KINDS)}")
+
+
 @dataclass(frozen=True)
 class Stage:
-    """One step of a pipeline; see the module docstring for the kinds."""
+    """One step of a job; see the module docstring for the kinds.
+
+    The kind is checked here, so ``Stage("a", "mapp")`` fails where it is
+    written rather than at submit (InvalidArgument naming the kinds); the
+    rest (import paths, keys, a reduce's ``initial``, the graph) is checked by
+    :func:`validate`, which every way of building a job runs.
+    """
 
     name: str
     kind: str
     function: str = ""
     key: str = ""
     initial: Any = None
+    inputs: tuple[str, ...] = ()
+    """Stages whose output this stage reads (several: their union);
+    :data:`SOURCE` is the sent records; empty means the stage before it."""
+    params: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """Keyword arguments of the function (JSON data), given on every call."""
+    mode: str = "latest"
+    """A sink's mode: ``latest`` (one row per key) or ``append`` (every record)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, str) or self.kind not in STAGE_KINDS:
+            raise InvalidArgument(_unknown_kind(str(self.name), str(self.kind)))
+        if isinstance(self.inputs, str):
+            object.__setattr__(self, "inputs", (self.inputs,))
+        elif not isinstance(self.inputs, tuple):
+            object.__setattr__(self, "inputs", tuple(self.inputs))
+        if self.params is None:
+            object.__setattr__(self, "params", {})
 
     @property
     def keyed(self) -> bool:
@@ -177,6 +234,12 @@ class JobSpec:
                     function=s.function,
                     key=s.key,
                     initial_json="" if s.initial is None else json.dumps(s.initial),
+                    inputs=list(s.inputs),
+                    params_json=json.dumps(dict(s.params)) if s.params else "",
+                    # A latest sink stays unset, so a linear job's wire form is
+                    # what it was before sinks had modes.
+                    sink_mode=(SINK_MODES[s.mode]  # type: ignore[arg-type]
+                               if s.mode != "latest" else common_pb2.SINK_MODE_UNSPECIFIED),
                 )
                 for s in self.stages
             ],
@@ -193,8 +256,15 @@ class JobSpec:
             where = f"stage {i} ({short(s.name) if s.name else 'unnamed'})"
             if s.kind not in KIND_NAMES:
                 raise InvalidArgument(f"{where}: unknown kind {s.kind}")
-            initial = _parse_initial(s.initial_json, where)
-            stages.append(Stage(s.name, KIND_NAMES[s.kind], s.function, s.key, initial))
+            initial = _parse_json(s.initial_json, where, "initial_json",
+                                  MAX_INITIAL_JSON_BYTES)
+            params = _parse_json(s.params_json, where, "params_json", MAX_PARAMS_JSON_BYTES)
+            _require(params is None or isinstance(params, dict),
+                     f"{where}: params_json must be a JSON object")
+            mode = SINK_MODE_NAMES.get(s.sink_mode or common_pb2.SINK_MODE_LATEST)
+            _require(mode is not None, f"{where}: unknown sink_mode {s.sink_mode}")
+            stages.append(Stage(s.name, KIND_NAMES[s.kind], s.function, s.key, initial,
+                                tuple(s.inputs), params or {}, str(mode)))
         delivery = DELIVERY_NAMES.get(spec.delivery or common_pb2.DELIVERY_MODE_EXACTLY_ONCE)
         if delivery is None:
             raise InvalidArgument(f"unknown delivery mode {spec.delivery}")
@@ -215,21 +285,20 @@ class JobSpec:
         )
 
 
-def _parse_initial(text: str, where: str) -> Any:
-    """A stage's initial value from JSON, refusing texts too large or too deep
-    before the parser sees them."""
+def _parse_json(text: str, where: str, name: str, limit: int) -> Any:
+    """A stage's initial value or params from JSON, refusing texts too large
+    or too deep before the parser sees them."""
     if not text:
         return None
-    if len(text) > MAX_INITIAL_JSON_BYTES:
-        raise InvalidArgument(f"{where}: initial_json is {len(text)} bytes; at most "
-                              f"{MAX_INITIAL_JSON_BYTES}")
+    if len(text) > limit:
+        raise InvalidArgument(f"{where}: {name} is {len(text)} bytes; at most {limit}")
     if json_nesting_depth(text) > MAX_NESTING:
-        raise InvalidArgument(f"{where}: initial_json is nested more than {MAX_NESTING} "
+        raise InvalidArgument(f"{where}: {name} is nested more than {MAX_NESTING} "
                               "levels deep; flatten it")
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise InvalidArgument(f"{where}: initial_json is not valid JSON: "
+        raise InvalidArgument(f"{where}: {name} is not valid JSON: "
                               f"{short(str(exc), 120)}") from None
 
 
@@ -263,28 +332,132 @@ def validate(job: JobSpec) -> None:
                  "letters, digits, '_', '.', '-'")
         _require(stage.name not in seen, f"{where}: duplicate stage name")
         seen.add(stage.name)
-        _require(stage.kind in STAGE_KINDS,
-                 f"{where}: unknown kind {short(stage.kind)}; use one of "
-                 f"{', '.join(STAGE_KINDS)}")
-        _require(nesting_depth(stage.initial) <= MAX_NESTING,
-                 f"{where}: initial is nested more than {MAX_NESTING} levels deep; flatten it")
-        last = i == len(job.stages) - 1
-        if stage.kind == "sink":
-            _require(last, f"{where}: a sink must be the last stage")
-            _require(not stage.function and not stage.key,
-                     f"{where}: a sink takes no function or key")
-            continue
-        _require(not last, f"{where}: the last stage must be a sink (kind = \"sink\")")
-        _require(len(stage.function) <= MAX_IMPORT_PATH_CHARS
-                 and bool(_IMPORT_PATH.match(stage.function)),
-                 f"{where}: function {short(stage.function)} must be an import path "
-                 f"'package.module:function' of at most {MAX_IMPORT_PATH_CHARS} characters")
-        if stage.keyed:
-            _require(len(stage.key) <= MAX_IMPORT_PATH_CHARS
-                     and bool(_IMPORT_PATH.match(stage.key)),
-                     f"{where}: a {stage.kind} stage needs key = 'package.module:function'")
+        _check_stage(stage, where)
+    _check_graph(job)
+
+
+def _check_stage(stage: Stage, where: str) -> None:
+    """One stage's own fields: kind, function, key, initial, params, mode."""
+    _require(stage.kind in STAGE_KINDS, f"{where}: " + _unknown_kind(stage.name, stage.kind))
+    _require(nesting_depth(stage.initial) <= MAX_NESTING,
+             f"{where}: initial is nested more than {MAX_NESTING} levels deep; flatten it")
+    _require(stage.mode in SINK_MODES, f"{where}: mode {short(str(stage.mode))} is not one of "
+             f"{', '.join(SINK_MODES)}")
+    _check_params(stage, where)
+    if stage.kind == "sink":
+        _require(not stage.function and not stage.key and not stage.params,
+                 f"{where}: a sink takes no function, key or params")
+        return
+    _require(stage.mode == "latest", f"{where}: only a sink takes a mode")
+    _require(len(stage.function) <= MAX_IMPORT_PATH_CHARS
+             and bool(_IMPORT_PATH.match(stage.function)),
+             f"{where}: function {short(stage.function)} must be an import path "
+             f"'package.module:function' of at most {MAX_IMPORT_PATH_CHARS} characters")
+    if stage.keyed:
+        _require(len(stage.key) <= MAX_IMPORT_PATH_CHARS
+                 and bool(_IMPORT_PATH.match(stage.key)),
+                 f"{where}: a {stage.kind} stage needs key = 'package.module:function'")
+    else:
+        _require(not stage.key, f"{where}: only reduce and stateful stages take a key")
+    _require(stage.kind != "reduce" or stage.initial is not None,
+             f"{where}: a reduce needs an initial accumulator, the value its function "
+             "receives for a key's first record: add initial = 0 (to count or sum), "
+             "initial = \"\" (to concatenate) or initial = [] (to collect)")
+
+
+def _check_params(stage: Stage, where: str) -> None:
+    """Params are a JSON object of keyword arguments: names are identifiers,
+    values are data that survives JSON (no code crosses the wire)."""
+    params = stage.params
+    _require(isinstance(params, Mapping), f"{where}: params must be a table of keyword "
+             "arguments, e.g. params = {threshold = 3}")
+    for name in params:
+        _require(isinstance(name, str) and name.isidentifier(),
+                 f"{where}: params key {name!r} is not a Python identifier (params are "
+                 "passed as keyword arguments)")
+    _require(nesting_depth(dict(params)) <= MAX_NESTING,
+             f"{where}: params are nested more than {MAX_NESTING} levels deep; flatten them")
+    try:
+        text = json.dumps(dict(params), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"{where}: params must be JSON data (str, numbers, bools, None, "
+                              f"lists, tables) since they travel to the workers as data: "
+                              f"{short(str(exc), 120)}") from None
+    _require(len(text) <= MAX_PARAMS_JSON_BYTES,
+             f"{where}: params are {len(text)} bytes as JSON; at most {MAX_PARAMS_JSON_BYTES}")
+    _require(json.loads(text) == params, f"{where}: params do not survive JSON unchanged "
+             "(tuples become lists, keys become strings); give lists and str keys")
+
+
+def effective_inputs(job: JobSpec) -> list[tuple[str, ...]]:
+    """Each stage's inputs with the default filled in: the stage before it, or
+    :data:`SOURCE` for the first stage."""
+    out: list[tuple[str, ...]] = []
+    for i, stage in enumerate(job.stages):
+        if stage.inputs:
+            out.append(tuple(stage.inputs))
         else:
-            _require(not stage.key, f"{where}: only reduce and stateful stages take a key")
+            out.append((SOURCE,) if i == 0 else (job.stages[i - 1].name,))
+    return out
+
+
+def _check_graph(job: JobSpec) -> None:
+    """The stages form a DAG listed in data-flow order: every input names the
+    source or an earlier stage that is not a sink, every stage but the sinks
+    feeds another, and there is at least one sink."""
+    names = {stage.name: i for i, stage in enumerate(job.stages)}
+    inputs = effective_inputs(job)
+    by_name = {stage.name: inputs[i] for i, stage in enumerate(job.stages)}
+    consumed: set[str] = set()
+    for i, stage in enumerate(job.stages):
+        where = f"job {job.name}, stage {i} ({short(stage.name)})"
+        _require(len(set(inputs[i])) == len(inputs[i]), f"{where}: inputs name a stage twice")
+        for upstream in inputs[i]:
+            consumed.add(upstream)
+            if upstream == SOURCE:
+                continue
+            _require(upstream in names, f"{where}: reads from {short(upstream)}, which is not "
+                     f"a stage of the job (inputs name earlier stages or {SOURCE!r})")
+            _require(names[upstream] < i, f"{where}: reads from {short(upstream)}, which "
+                     "comes later; list stages in the order data flows (each after its "
+                     "inputs), so the graph has no cycle" + (
+                         " (these two form one)" if stage.name in by_name[upstream] else ""))
+            _require(job.stages[names[upstream]].kind != "sink",
+                     f"{where}: reads from sink {short(upstream)}; a sink must be the last "
+                     "stage of its branch")
+    for i, stage in enumerate(job.stages):
+        if stage.kind != "sink" and stage.name not in consumed:
+            _require(False, f"job {job.name}, stage {i} ({short(stage.name)}): its output "
+                     "feeds no stage; the last stage must be a sink (kind = \"sink\") and "
+                     "every branch must end in one")
+
+
+def is_linear(job: JobSpec) -> bool:
+    """True for a pipeline the cluster's workers run: each stage reads the one
+    before it (the first the source), and the one sink is the last stage."""
+    inputs = effective_inputs(job)
+    for i, stage in enumerate(job.stages):
+        expected = (SOURCE,) if i == 0 else (job.stages[i - 1].name,)
+        if inputs[i] != expected or (stage.kind == "sink") != (i == len(job.stages) - 1):
+            return False
+    return True
+
+
+def check_cluster_runnable(job: JobSpec) -> None:
+    """Refuses (InvalidArgument) a graph the cluster's workers cannot run yet:
+    they run linear pipelines with one sink at the end (:func:`plan_tasks`).
+    The scheduler checks it at submit, so such a job fails there, saying
+    where a graph can run, rather than on the workers."""
+    if is_linear(job):
+        return
+    sinks = [s.name for s in job.stages if s.kind == "sink"]
+    why = (f"sinks {', '.join(sinks)}" if len(sinks) > 1 else "stages that do not each "
+           "read the one before")
+    raise InvalidArgument(
+        f"job {job.name} is a dataflow graph ({why}); this cluster runs linear pipelines "
+        "(each stage reads the one before it, one sink at the end). The local runner "
+        "(gridstream.testing.run_local) runs the whole graph in one process; on the "
+        "cluster, submit each branch as a linear job")
 
 
 def resolve(path: str, where: str, allowed: tuple[str, ...] | None = None
@@ -335,7 +508,8 @@ def plan_tasks(job: JobSpec) -> list[list[Stage]]:
     """Cuts the pipeline into tasks: a new task starts at every keyed stage.
 
     Task 0 receives the source records; it may be empty (pass-through) when
-    the first stage is keyed.
+    the first stage is keyed. Linear jobs only (:func:`is_linear`): a graph
+    is refused at submit by :func:`check_cluster_runnable`.
     """
     tasks: list[list[Stage]] = [[]]
     for stage in job.stages:
@@ -359,19 +533,34 @@ def from_mapping(data: dict[str, Any], source: str = "job") -> JobSpec:
     stages = []
     for i, raw in enumerate(raw_stages):  # type: ignore[arg-type]
         _require(isinstance(raw, dict), f"{source}: stage {i} must be a table")
-        unknown = set(raw) - {"name", "kind", "function", "key", "initial"}
+        unknown = set(raw) - {"name", "kind", "function", "key", "initial", "inputs",
+                              "params", "mode"}
         _require(not unknown,
                  f"{source}: stage {i}: unknown keys {', '.join(sorted(unknown))}")
-        for text_key in ("name", "kind", "function", "key"):
+        for text_key in ("name", "kind", "function", "key", "mode"):
             _require(isinstance(raw.get(text_key, ""), str),
                      f"{source}: stage {i}: {text_key} must be a string")
-        stages.append(Stage(
-            name=raw.get("name", f"stage{i}"),
-            kind=raw.get("kind", ""),
-            function=raw.get("function", ""),
-            key=raw.get("key", ""),
-            initial=raw.get("initial"),
-        ))
+        inputs = raw.get("inputs", [])
+        _require(isinstance(inputs, list) and all(isinstance(n, str) for n in inputs),
+                 f"{source}: stage {i}: inputs must be a list of stage names, "
+                 'e.g. inputs = ["parse"]')
+        params = raw.get("params", {})
+        _require(isinstance(params, dict), f"{source}: stage {i}: params must be a table, "
+                 "e.g. params = { threshold = 3 }")
+        try:
+            stage = Stage(
+                name=raw.get("name", f"stage{i}"),
+                kind=raw.get("kind", ""),
+                function=raw.get("function", ""),
+                key=raw.get("key", ""),
+                initial=raw.get("initial"),
+                inputs=tuple(inputs),
+                params=params,
+                mode=raw.get("mode", "latest"),
+            )
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{source}: stage {i}: {exc}") from None
+        stages.append(stage)
     partitions = head.get("partitions", 0)
     window = head.get("window_size", 0)
     timeout = head.get("tracking_timeout_s", 0.0)

@@ -14,6 +14,7 @@ recovery replays records and relies on getting the same results and state.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -252,10 +253,15 @@ class OperatorChain:
         self.touched: dict[str, set[Any]] = {}
         self._steps: list[StageFn] = []
         self.has_sink = bool(stages) and stages[-1].kind == "sink"
+        self.append_sink = self.has_sink and stages[-1].mode == "append"
+        """An append sink keeps every record: rows by batch and index, as the
+        rows of records without a key are, never merged by key."""
         for stage in stages:
             if stage.kind == "sink":
                 continue
             fn = resolve(stage.function, f"{where}, stage {stage.name}")
+            if stage.params:  # params travel as data: fn(..., **params) on every call
+                fn = functools.partial(fn, **stage.params)
             if stage.kind == "map":
                 self._steps.append(_map(stage, fn))
             elif stage.kind == "filter":
@@ -286,7 +292,7 @@ class OperatorChain:
             keys, values = step(keys, values, dead)
         result = ChainResult(keys, values, dead_letters=dead_list)
         if self.has_sink:
-            if keys is None:
+            if keys is None or self.append_sink:
                 result.sink_rows = {f"{batch_id}:{i}": v for i, v in enumerate(values)}
             else:
                 result.sink_rows = dict(zip(keys, values, strict=True))
