@@ -328,16 +328,17 @@ def validate(job: JobSpec) -> None:
     seen: set[str] = set()
     for i, stage in enumerate(job.stages):
         where = f"job {job.name}, stage {i} ({short(stage.name) if stage.name else 'unnamed'})"
-        _require(bool(_NAME.match(stage.name)), f"{where}: name must be 1-64 characters of "
-                 "letters, digits, '_', '.', '-'")
+        check_stage(stage, where)
         _require(stage.name not in seen, f"{where}: duplicate stage name")
         seen.add(stage.name)
-        _check_stage(stage, where)
     _check_graph(job)
 
 
-def _check_stage(stage: Stage, where: str) -> None:
-    """One stage's own fields: kind, function, key, initial, params, mode."""
+def check_stage(stage: Stage, where: str) -> None:
+    """One stage's own fields: kind, function, key, initial, params, mode
+    (:mod:`gridstream.dataflow` checks each operator with it as it is added)."""
+    _require(bool(_NAME.match(stage.name)), f"{where}: name must be 1-64 characters of "
+             "letters, digits, '_', '.', '-'")
     _require(stage.kind in STAGE_KINDS, f"{where}: " + _unknown_kind(stage.name, stage.kind))
     _require(nesting_depth(stage.initial) <= MAX_NESTING,
              f"{where}: initial is nested more than {MAX_NESTING} levels deep; flatten it")

@@ -1,4 +1,7 @@
-"""Operator chains: every stage kind, dead letters, state snapshots."""
+"""Operator chains: every stage kind, dead letters, state snapshots. Tests of
+what a job computes run it with gridstream.testing.run_local, as users test
+their flows; tests of the chain's own machinery (state, snapshots) use it
+directly."""
 
 from __future__ import annotations
 
@@ -6,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from gridstream.jobspec import Stage
-from gridstream.types import DeadLetter
+from gridstream.jobspec import JobSpec, Stage
+from gridstream.testing import TestSource, run_local
 from services.worker.operators import OperatorChain
 
 
@@ -43,22 +46,26 @@ def chain(*stages: Stage) -> OperatorChain:
     return OperatorChain([*stages, Stage("sink", "sink")], "test")
 
 
+def job(*stages: Stage, mode: str = "latest") -> JobSpec:
+    return JobSpec("test", (*stages, Stage("sink", "sink", mode=mode)), partitions=1)
+
+
 def test_map_isolates_a_failing_record_into_dead_letters() -> None:
-    c = chain(Stage("m", "map", f"{HERE}:explode_on_three"))
-    result = c.process(None, [1, 2, 3, 4], "src/a#1")
-    assert sorted(result.sink_rows.values()) == [10, 20, 40]
+    result = run_local(job(Stage("m", "map", f"{HERE}:explode_on_three")), [1, 2, 3, 4])
+    assert sorted(result.results().values()) == [10, 20, 40]
     assert len(result.dead_letters) == 1
-    dead = DeadLetter.from_stored(*result.dead_letters[0])
-    assert (dead.id, dead.stage, dead.record, dead.record_format) == ("src/a#1:m:2", "m", 3, "json")
+    dead = result.dead_letters[0]
+    assert (dead.id, dead.stage, dead.record, dead.record_format) == (
+        "t0/p0/src/local#1:m:2", "m", 3, "json")
     assert dead.error == "ValueError: three is not allowed"
     assert "explode_on_three" in dead.traceback
 
 
 def test_filter_flat_map_and_map_batch() -> None:
-    c = chain(Stage("f", "filter", f"{HERE}:is_even"), Stage("fm", "flat_map", f"{HERE}:repeat"),
-              Stage("mb", "map_batch", f"{HERE}:double_batch"))
-    result = c.process(None, [1, 2, 4], "b#1")
-    assert sorted(result.sink_rows.values()) == [4, 4, 8, 8, 8, 8]
+    result = run_local(job(Stage("f", "filter", f"{HERE}:is_even"),
+                           Stage("fm", "flat_map", f"{HERE}:repeat"),
+                           Stage("mb", "map_batch", f"{HERE}:double_batch")), [1, 2, 4])
+    assert sorted(result.results().values()) == [4, 4, 8, 8, 8, 8]
 
 
 def test_map_batch_falls_back_to_single_records() -> None:
@@ -80,11 +87,18 @@ def test_reduce_keeps_state_per_key_and_the_sink_keeps_the_latest() -> None:
 
 
 def test_stateful_emits_outputs_with_the_key() -> None:
-    c = OperatorChain([Stage("mx", "stateful", f"{HERE}:running_max", key="m:k", initial=0),
-                       Stage("sink", "sink")], "test")
-    result = c.process(["x", "x", "x"], [5, 3, 7], "b#1")
-    assert result.sink_rows == {"x": 7}
-    assert c.states["mx"] == {"x": 7}
+    stage = Stage("mx", "stateful", f"{HERE}:running_max_pair",
+                  key="gridstream.examples.taxi:device_of", initial=0)
+    sent = TestSource([["x", 5], ["x", 3], ["x", 7], ["y", 1]])
+    latest = run_local(job(stage), sent)
+    assert latest.results() == {"x": ["x", 7], "y": ["y", 1]}  # the latest output per key
+    every = run_local(job(stage, mode="append"), sent).sink()
+    assert every.records == [["x", 5], ["x", 7], ["y", 1]]  # every output, in order
+
+
+def running_max_pair(state: int, value: list[Any]) -> tuple[int, list[Any]]:
+    new = max(state, value[1])
+    return new, ([[value[0], new]] if new != state else [])
 
 
 def test_snapshot_and_restore_round_trip() -> None:

@@ -1,0 +1,117 @@
+"""Streams and their operators: each call adds one stage to the dataflow and
+returns the stream of its output, which any number of later operators may
+read (fan-out).
+
+How the worker calls the functions (the params given here are passed as
+keyword arguments on every call, bound once when the stage is deployed):
+
+=============  ==========================================  ======================
+operator       function                                    output
+=============  ==========================================  ======================
+``map``        ``fn(value, **params) -> value``            one record per record
+``flat_map``   ``fn(value, **params) -> iterable``         zero or more records
+``filter``     ``fn(value, **params) -> bool``             the records kept
+``map_batch``  ``fn(values, **params) -> list``            the fast path, a batch
+``reduce``     ``fn(acc, value, **params) -> acc``         the new acc, per record
+``stateful``   ``fn(state, value, **params) ->             each output, with the
+               (state, outputs)``; None state deletes      key
+=============  ==========================================  ======================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gridstream.dataflow._flow import Dataflow
+from gridstream.dataflow._functions import FunctionLike
+
+Params = Mapping[str, Any] | None
+
+
+class Stream:
+    """Records flowing out of an operator (or the source, or a union), with
+    their keys: the keys sent with them, or those of the last keyed operator
+    upstream (non-keyed operators keep a record's key)."""
+
+    def __init__(self, flow: Dataflow, inputs: tuple[str, ...]) -> None:
+        """Made by :class:`Dataflow` and by operators, not by users."""
+        self.flow = flow
+        self.inputs = inputs
+        """The stage names (or ``@source``) a reader of this stream reads."""
+
+    def _then(self, kind: str, name: str, fn: FunctionLike, params: Params) -> Stream:
+        return Stream(self.flow, (self.flow.add(kind, name, self.inputs, fn, params=params),))
+
+    def map(self, name: str, fn: FunctionLike, *, params: Params = None) -> Stream:
+        """One output per record: ``fn(value, **params)``."""
+        return self._then("map", name, fn, params)
+
+    def flat_map(self, name: str, fn: FunctionLike, *, params: Params = None) -> Stream:
+        """Zero or more outputs per record: ``fn(value, **params)`` returns them."""
+        return self._then("flat_map", name, fn, params)
+
+    def filter(self, name: str, fn: FunctionLike, *, params: Params = None) -> Stream:
+        """The records for which ``fn(value, **params)`` is true."""
+        return self._then("filter", name, fn, params)
+
+    def map_batch(self, name: str, fn: FunctionLike, *, params: Params = None) -> Stream:
+        """``fn(values, **params)`` over a whole batch: the fast path for
+        vectorised code. Records keep their keys when the list it returns is
+        as long as the batch; otherwise the outputs have none."""
+        return self._then("map_batch", name, fn, params)
+
+    def key_by(self, key: FunctionLike) -> KeyedStream:
+        """The same records, to be grouped by ``key(value)`` (a str, int or
+        bytes) by the next keyed operator: on the cluster the key function
+        runs on the upstream side and records shuffle to the key's partition,
+        so each key's records are processed in order by one worker."""
+        return KeyedStream(self.flow, self.inputs, key)
+
+    def reduce(self, name: str, fn: FunctionLike, *, key: FunctionLike, initial: Any = None,
+               params: Params = None) -> Stream:
+        """Per key, ``acc = fn(acc, value, **params)`` from ``initial`` (a
+        required value: 0 to count, "" to concatenate, [] to collect); emits
+        the key's new accumulator for every record."""
+        return self.key_by(key).reduce(name, fn, initial=initial, params=params)
+
+    def stateful(self, name: str, fn: FunctionLike, *, key: FunctionLike, initial: Any = None,
+                 params: Params = None) -> Stream:
+        """Per key, ``state, outputs = fn(state, value, **params)`` from
+        ``initial``; emits every output with the key; a None state deletes
+        the key's state."""
+        return self.key_by(key).stateful(name, fn, initial=initial, params=params)
+
+    def union(self, *others: Stream) -> Stream:
+        """This stream and ``others`` as one (see :meth:`Dataflow.union`)."""
+        return self.flow.union(self, *others)
+
+    def sink(self, name: str, *, mode: str = "latest") -> None:
+        """Ends the branch in the job's results: ``latest`` keeps one row per
+        key (the latest value; a record without a key is a row of its own),
+        ``append`` keeps every record that arrives, exactly once."""
+        self.flow.add("sink", name, self.inputs, mode=mode)
+
+
+class KeyedStream:
+    """A stream with the key function its next keyed operator groups by."""
+
+    def __init__(self, flow: Dataflow, inputs: tuple[str, ...], key: FunctionLike) -> None:
+        """Made by :meth:`Stream.key_by`."""
+        self.flow = flow
+        self.inputs = inputs
+        self.key = key
+
+    def reduce(self, name: str, fn: FunctionLike, *, initial: Any = None,
+               params: Params = None) -> Stream:
+        """:meth:`Stream.reduce` with this stream's key."""
+        added = self.flow.add("reduce", name, self.inputs, fn, key=self.key, initial=initial,
+                              params=params)
+        return Stream(self.flow, (added,))
+
+    def stateful(self, name: str, fn: FunctionLike, *, initial: Any = None,
+                 params: Params = None) -> Stream:
+        """:meth:`Stream.stateful` with this stream's key."""
+        added = self.flow.add("stateful", name, self.inputs, fn, key=self.key,
+                              initial=initial, params=params)
+        return Stream(self.flow, (added,))
