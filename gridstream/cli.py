@@ -18,6 +18,7 @@ from pathlib import Path
 import grpc
 
 from gridstream.config import (
+    Config,
     ConfigError,
     SecurityConfig,
     load_config,
@@ -41,6 +42,28 @@ def _scheduler_address(args: argparse.Namespace) -> str:
 
 def _security(args: argparse.Namespace) -> SecurityConfig:
     return load_config(getattr(args, "config", None)).security
+
+
+def worker_environment(config: Config, environ: dict[str, str]) -> dict[str, str]:
+    """The environment a worker starts in: ``worker.python_paths`` (made
+    absolute) in front of ``PYTHONPATH``, so jobs can name a user package
+    that is not installed where the worker runs (systemd units and container
+    images start workers through ``gridstream worker``, which applies it)."""
+    paths = [str(Path(p).resolve()) for p in config.worker.python_paths]
+    if not paths:
+        return environ
+    old = environ.get("PYTHONPATH", "")
+    return {**environ, "PYTHONPATH": os.pathsep.join([*paths, *([old] if old else [])])}
+
+
+def _config_flag(argv: list[str]) -> str | None:
+    """The ``--config FILE`` among a service's flags, if any."""
+    for i, arg in enumerate(argv):
+        if arg == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    return None
 
 
 def _add_client_flags(parser: argparse.ArgumentParser) -> None:
@@ -204,6 +227,12 @@ async def _results(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _send(args: argparse.Namespace) -> int:
+    from gridstream.cli_commands import run_send
+
+    return await run_send(args, _scheduler_address(args), _security(args))
+
+
 async def _cancel(args: argparse.Namespace) -> int:
     from gridstream.client import Client
 
@@ -225,6 +254,7 @@ async def _demo(args: argparse.Namespace) -> int:
         return 0 if spark_report.match else 1
 
     config = load_config(args.config)
+    os.environ.update(worker_environment(config, dict(os.environ)))  # for its workers
     report = await run_demo(args.name, args.records, args.workers, args.state_servers,
                             args.run_dir, config)
     print(report.summary())
@@ -235,6 +265,7 @@ async def _up(args: argparse.Namespace) -> int:
     from gridstream.local import LocalCluster
 
     config = load_config(args.config)
+    os.environ.update(worker_environment(config, dict(os.environ)))  # for its workers
     port = args.port if args.port is not None else int(config.scheduler_address.rsplit(":", 1)[1])
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -377,6 +408,24 @@ def build_parser() -> argparse.ArgumentParser:
     trackers.add_argument("count", type=int, help="new number of trackers (1..4096)")
     trackers.set_defaults(run=_trackers)
 
+    send = sub.add_parser(
+        "send", help="send the records of a JSON-lines or CSV file to a job",
+        description="Reads FILE (JSON lines, one record per line; or CSV, each row a record "
+        "of strings by the header; '-' is stdin) and sends its records in batches. With "
+        "--key-field, each record is sent with that field as its key: one key's records go "
+        "to one partition and are processed in the file's order, and the key stays on the "
+        "record to the sink (the row of a latest sink). Without it, batches are spread over "
+        "the partitions and no order between them is kept.")
+    _add_client_flags(send)
+    send.add_argument("job_id")
+    send.add_argument("file", help="JSON-lines or CSV file, or - for stdin")
+    send.add_argument("--key-field", help="field of each record to key it by (str or int)")
+    send.add_argument("--format", choices=["jsonl", "csv"],
+                      help="file format (default: csv for a .csv file, else jsonl)")
+    send.add_argument("--batch-size", type=int, default=5_000,
+                      help="records per batch (default 5000)")
+    send.set_defaults(run=_send)
+
     cancel = sub.add_parser("cancel", help="cancel a job and delete its state")
     _add_client_flags(cancel)
     cancel.add_argument("job_id")
@@ -417,7 +466,13 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:2] == ["stateserver", "retire"]:
         argv = ["retire", *argv[2:]]
     if argv and argv[0] in SERVICES:
-        os.execv(sys.executable, [sys.executable, "-m", SERVICES[argv[0]], *argv[1:]])
+        environ = dict(os.environ)
+        if argv[0] == "worker":
+            try:
+                environ = worker_environment(load_config(_config_flag(argv[1:])), environ)
+            except ConfigError:
+                pass  # the worker itself reports the bad config
+        os.execve(sys.executable, [sys.executable, "-m", SERVICES[argv[0]], *argv[1:]], environ)
     if argv and argv[0] == "chaos":
         from gridstream.chaos import main as chaos_main
 

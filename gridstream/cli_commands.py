@@ -1,16 +1,21 @@
 """The operator's commands of ``gridstream`` that look at a whole cluster:
-dead letters, cluster health, metrics addresses, and the one message every
-command prints when the scheduler cannot be reached (kept apart from
-gridstream.cli, which holds the parser and the job commands)."""
+dead letters, cluster health, metrics addresses, sending a file's records,
+and the one message every command prints when the scheduler cannot be
+reached (kept apart from gridstream.cli, which holds the parser and the job
+commands)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
+import itertools
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TextIO
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -175,3 +180,75 @@ def metrics_by_address(run_dir: str | Path) -> dict[str, str]:
         if isinstance(ready, dict) and ready.get("address") and ready.get("metrics"):
             found[str(ready["address"])] = str(ready["metrics"])
     return found
+
+
+SEND_CHUNK_RECORDS = 50_000
+"""Records read from a file per ``Client.send`` call (a file is never held whole)."""
+
+
+def read_records(path: str, fmt: str, key_field: str | None
+                 ) -> Iterator[tuple[Any, Any]]:
+    """(key or None, record) per line of a JSON-lines file or row of a CSV
+    file (a dict of strings, by the header), ``-`` meaning stdin. With
+    ``key_field``, the key is that field of the record (a str or int; the
+    record keeps it too). Raises ValueError naming the line of a bad one."""
+    handle = sys.stdin if path == "-" else open(path, newline="", encoding="utf-8")
+    with handle:
+        rows: Iterator[tuple[int, Any]]
+        if fmt == "csv":
+            rows = ((n + 2, row) for n, row in enumerate(csv.DictReader(handle)))
+        else:
+            rows = _json_lines(handle)
+        for line, record in rows:
+            if key_field is None:
+                yield None, record
+                continue
+            if not isinstance(record, dict) or key_field not in record:
+                raise ValueError(f"{path}, line {line}: the record has no field {key_field!r} "
+                                 "to key it by")
+            key = record[key_field]
+            if not isinstance(key, str | int) or isinstance(key, bool):
+                raise ValueError(f"{path}, line {line}: field {key_field!r} is "
+                                 f"{type(key).__name__}; keys must be str or int")
+            yield key, record
+
+
+def _json_lines(handle: TextIO) -> Iterator[tuple[int, Any]]:
+    for line, text in enumerate(handle, start=1):
+        if not text.strip():
+            continue
+        try:
+            yield line, json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"line {line} is not JSON: {exc}") from None
+
+
+def send_format(path: str, fmt: str | None) -> str:
+    """The file's format: as given, else ``csv`` for a ``.csv`` file and
+    JSON lines otherwise."""
+    return fmt or ("csv" if path.lower().endswith(".csv") else "jsonl")
+
+
+async def run_send(args: argparse.Namespace, scheduler: str, security: SecurityConfig) -> int:
+    """``gridstream send JOB FILE``: the file's records in batches through
+    the SDK. With ``--key-field``, each record goes to its key's partition,
+    so one key's records are processed in the file's order (without keys,
+    batches are spread over the partitions and no order is kept), and the
+    key stays on the record to the sink, where it keys the result row."""
+    from gridstream.client import Client
+
+    fmt = send_format(args.file, args.format)
+    total = 0
+    async with Client(scheduler, batch_size=args.batch_size, security=security) as client:
+        records = read_records(args.file, fmt, args.key_field)
+        try:
+            while chunk := list(itertools.islice(records, SEND_CHUNK_RECORDS)):
+                keys = [k for k, _ in chunk] if args.key_field else None
+                total += await client.send(args.job_id, [v for _, v in chunk], keys)
+        except (OSError, ValueError) as exc:
+            print(f"gridstream: {exc} ({total} records were sent before it)", file=sys.stderr)
+            return 1
+    how = (f"keyed by {args.key_field!r}" if args.key_field
+           else "without keys: no order is kept between batches; --key-field keeps each key's")
+    print(f"sent {total} records to job {args.job_id} ({how})")
+    return 0

@@ -165,6 +165,14 @@ class WorkerConfig:
     (``0.0.0.0``) only where the network itself is trusted, or scrape it
     through a local agent or an authenticating proxy."""
 
+    python_paths: tuple[str, ...] = ()
+    """Directories put in front of the worker's import path (``PYTHONPATH``)
+    when ``gridstream worker`` or ``gridstream up`` starts it, so jobs can name
+    a user package that is not installed in the worker's environment (list
+    its modules in cluster.job_modules too). Relative paths are taken from the
+    directory the command runs in. Empty: the environment's own path only
+    (environment: comma-separated)."""
+
 
 @dataclass(frozen=True)
 class StateServerConfig:

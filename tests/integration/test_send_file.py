@@ -1,0 +1,180 @@
+"""``gridstream send FILE`` and user code on workers, against a real
+``gridstream up`` cluster (1 worker, 1 state server, free loopback ports).
+
+The job's functions live in a package of the test's own temporary directory
+that is on no import path but the worker's ``worker.python_paths``: if that
+setting were not applied, the submit would fail to import it. Records are
+sent from JSON-lines and CSV files keyed by a field, and an order-sensitive
+reduce must give, per key, the records in the file's order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from gridstream.client import Client
+from gridstream.errors import InvalidArgument
+from gridstream.jobspec import DEFAULT_JOB_MODULES, SOURCE, JobSpec, Stage
+from gridstream.local import REPO_ROOT
+
+pytestmark = pytest.mark.integration
+
+OPS = '''
+def seq_of(record):
+    return [record["user"], f"{record['seq']};"]
+
+def user_of(pair):
+    return pair[0]
+
+def append(acc, pair):
+    return acc + pair[1]
+'''
+
+JOB = """
+[job]
+name = "sequences"
+partitions = 4
+
+[[stages]]
+name = "seq"
+kind = "map"
+function = "userjobs.ops:seq_of"
+
+[[stages]]
+name = "joined"
+kind = "reduce"
+function = "userjobs.ops:append"
+key = "userjobs.ops:user_of"
+initial = ""
+
+[[stages]]
+name = "store"
+kind = "sink"
+"""
+
+USERS = ["ann", "bob", "cyd", "dee", "eve"]
+RECORDS = [{"user": USERS[i % 5] if i % 7 else "ann", "seq": i} for i in range(3000)]
+
+
+def reference() -> dict[str, str]:
+    out: dict[str, str] = {}
+    for record in RECORDS:
+        out[record["user"]] = out.get(record["user"], "") + f"{record['seq']};"
+    return out
+
+
+@pytest_asyncio.fixture(scope="module")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[str, Path]]:
+    """A ``gridstream up`` whose config puts the user's directory on the
+    workers' import path; (scheduler address, the test's directory)."""
+    root = tmp_path_factory.mktemp("send")
+    package = root / "userdir" / "userjobs"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "ops.py").write_text(OPS)
+    modules = json.dumps([*DEFAULT_JOB_MODULES, "userjobs"])
+    (root / "cluster.toml").write_text(
+        f"[cluster]\njob_modules = {modules}\nwindow_size = 500\nbackup_count = 0\n\n"
+        f"[worker]\npython_paths = [{json.dumps(str(package.parent))}]\n")
+    (root / "job.toml").write_text(JOB)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRIDSTREAM_")}
+    env.pop("PYTHONPATH", None)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gridstream.cli", "up", "--config", str(root / "cluster.toml"),
+        "--port", "0", "--workers", "1", "--state-servers", "1", "--run-dir",
+        str(root / "run"), cwd=str(REPO_ROOT), env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    assert process.stdout is not None
+    printed: list[str] = []
+    try:
+        while not printed or "stops it gracefully" not in printed[-1]:
+            line = await asyncio.wait_for(process.stdout.readline(), timeout=90)
+            assert line, f"gridstream up exited: {''.join(printed)}"
+            printed.append(line.decode())
+        ready = json.loads((root / "run" / "ready" / "scheduler.json").read_text())
+        yield ready["address"], root
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(process.wait(), timeout=30)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+async def gridstream(*args: str) -> tuple[int, str, str]:
+    """Runs the CLI; (exit status, stdout, stderr)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gridstream.cli", *args, cwd=str(REPO_ROOT),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(process.communicate(), timeout=120)
+    return process.returncode or 0, out.decode(), err.decode()
+
+
+async def submit(address: str, root: Path) -> str:
+    code, out, err = await gridstream("submit", str(root / "job.toml"), "--scheduler", address)
+    assert code == 0, err  # the worker imported userjobs.ops from worker.python_paths
+    return out.strip()
+
+
+async def test_a_jsonl_file_sent_keyed_keeps_each_keys_order(
+        cluster: tuple[str, Path]) -> None:
+    address, root = cluster
+    job_id = await submit(address, root)
+    path = root / "clicks.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    code, out, err = await gridstream("send", job_id, str(path), "--key-field", "user",
+                                      "--batch-size", "100", "--scheduler", address)
+    assert code == 0, err
+    assert f"sent {len(RECORDS)} records to job {job_id} (keyed by 'user')" in out
+    async with Client(address) as client:
+        await client.drain(job_id, timeout_s=120)
+        assert await client.results(job_id) == reference(), await client.dead_letters(job_id)
+
+
+async def test_a_csv_file_is_sent_by_its_header(cluster: tuple[str, Path]) -> None:
+    address, root = cluster
+    job_id = await submit(address, root)
+    path = root / "clicks.csv"
+    path.write_text("user,seq\n" + "".join(f"{r['user']},{r['seq']}\n" for r in RECORDS))
+    code, out, err = await gridstream("send", job_id, str(path), "--key-field", "user",
+                                      "--batch-size", "250", "--scheduler", address)
+    assert code == 0, err
+    assert f"sent {len(RECORDS)} records" in out
+    async with Client(address) as client:
+        await client.drain(job_id, timeout_s=120)
+        assert await client.results(job_id) == reference()  # CSV fields are text: same
+
+
+async def test_a_record_without_the_key_field_is_named(cluster: tuple[str, Path]) -> None:
+    address, root = cluster
+    job_id = await submit(address, root)
+    path = root / "bad.jsonl"
+    path.write_text('{"user": "ann", "seq": 1}\n{"seq": 2}\n')
+    code, _, err = await gridstream("send", job_id, str(path), "--key-field", "user",
+                                    "--scheduler", address)
+    assert code == 1
+    assert "line 2: the record has no field 'user'" in err
+
+
+async def test_the_cluster_refuses_a_graph_at_submit(cluster: tuple[str, Path]) -> None:
+    address, _ = cluster
+    graph = JobSpec("graph", (
+        Stage("seq", "map", "userjobs.ops:seq_of"),
+        Stage("all", "sink", mode="append"),
+        Stage("joined", "reduce", "userjobs.ops:append", key="userjobs.ops:user_of",
+              initial="", inputs=(SOURCE,)),
+        Stage("store", "sink")))
+    async with Client(address) as client:
+        with pytest.raises(InvalidArgument, match="this cluster runs linear pipelines"):
+            await client.submit(graph)
