@@ -81,3 +81,12 @@ $(BENCH_PEERS_DIR)/venvs/%/.installed-stamp: bench/peers/requirements-%.txt
 	$(BENCH_PEERS_DIR)/venvs/$*/bin/pip install -q --upgrade pip
 	$(BENCH_PEERS_DIR)/venvs/$*/bin/pip install -q -r $<
 	touch $@
+
+# Ingest-to-sink latency at half of peak throughput, p50/p99/p99.9 per 5 s
+# interval over 60 s (bench/latency.py; not part of `make test` or `make bench`):
+# `make bench-latency BENCH_LATENCY_ARGS="--workload taxi --delivery at_most_once"`.
+.PHONY: bench-latency
+BENCH_LATENCY_ARGS ?=
+
+bench-latency: setup
+	$(PY) bench/latency.py $(BENCH_LATENCY_ARGS)

@@ -126,3 +126,24 @@ def _references(ax: Any, values: Sequence[float], fmt: Callable[[float], str],
         if notes:  # the notes sit above the first bar
             low, high = ax.get_ylim()
             ax.set_ylim(low, high - 0.9 * len(notes))
+
+
+def lines(ax: Any, x: Sequence[float], series: Sequence[tuple[str, Sequence[float], str]],
+          fmt: Callable[[float], str] = si, references: Sequence[Reference] = ()) -> None:
+    """Series over ``x`` as lines with a marker at each point (``(label,
+    values, colour)``, named in a legend), the y axis from zero, and each
+    reference as a dashed line across the panel, or, when it would flatten
+    the lines, as a note at the top with its ratio to the highest point. The
+    legend sits above the panel's top right corner, clear of the lines and
+    the references' labels (give the panel a title on the left)."""
+    import math
+
+    from matplotlib.ticker import FuncFormatter
+
+    for label, values, color in series:
+        ax.plot(x, values, marker="o", ms=3, lw=1.4, color=color, label=label)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: si(v)))
+    points = [v for _, values, _ in series for v in values if math.isfinite(v)]
+    _references(ax, points, fmt, references, vertical=True)
+    ax.legend(fontsize=8, loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(series),
+              frameon=False, borderaxespad=0.2)

@@ -1,0 +1,602 @@
+"""Ingest-to-sink latency at a steady paced rate: p50, p99 and p99.9 per 5 s
+interval over a 60 s run, against the target of issue 16 (p99 <= 50 ms at half
+of peak throughput).
+
+Starts a local cluster shaped like ``bench/throughput.py``'s (1 scheduler,
+3 workers, 2 state servers, on this machine) and runs a keyed job:
+wordcount by default (split, then a count reduced per word), ``--workload
+taxi`` (parse, then positions appended per device; records keyed by device
+from the client). First it measures the job's peak throughput closed-loop
+(send ``--peak-units`` as fast as the client can, submit to drain, as
+``bench/throughput.py`` does) unless ``--rate`` is given; then it sends at
+``--fraction`` (0.5) of that peak for ``--seconds`` (60).
+
+How the sender paces. Open loop: record ``i`` is due at ``t0 + i / rate`` on
+the wall clock and carries that time as its stamp. Every ``--tick-ms`` the
+sender hands every record that has come due to ``Client.send`` as a task of
+its own (up to ``--in-flight`` sends at once, each partition's pushes in
+order), so it never slows down to the cluster's pace: a cluster that falls
+behind makes records wait (in the client, in the pushes) with their stamps
+running, and that wait is latency, not a lower rate. The records/s the
+sender achieved per interval is printed next to the latencies.
+
+How latency is measured: exactly, per record. The job is the plain
+workload with the due time carried in each record (``bench/latency_job.py``):
+the sink task's last stage before the sink computes ``time.time() - stamp``
+for every record of the batch it is processing (the moment the workers'
+``gridstream_ingest_to_sink_seconds`` histogram observes too; the row reaches
+the state servers' results table on the task's next flush, not measured
+here). The workers count these in 0.1 ms steps and the bench reads the counts
+at the end, so the percentiles are exact to 0.1 ms, over every record, per
+5 s interval of the records' due times. The first task records the same from
+its side ("source": due time to the first task processing the record),
+which splits the figure into getting in and crossing the cluster. The
+results are checked against the workload's reference, and the sink must have
+observed each record sent exactly once.
+
+Beside it, for comparison, the workers' own histogram
+(``gridstream_ingest_to_sink_seconds``, scraped every 5 s from every worker;
+per-interval bucket deltas, percentiles interpolated linearly inside the
+buckets, bounds ``gridstream.metrics.LATENCY_BUCKETS_S``): it starts at the
+client's encoding of a push (``RecordBatch.ingest_unix_s``), so it leaves out
+the wait before a push, and its buckets (50, 100, 250 ms ...) make its p99 an
+estimate. Also printed: the CPU the cluster and the client used over the run
+(2 cores here: whether half of peak leaves the machine any headroom) and the
+worst event-loop lag the workers logged.
+
+Writes ``latency.txt``, ``latency.json`` and ``latency.png`` to ``--out``
+(default ``~/.cache/gridstream-bench/out``, outside the repository).
+
+    .venv/bin/python bench/latency.py [--workload wordcount|taxi] [--delivery exactly_once]
+                                      [--seconds 60] [--rate UNITS_PER_S | --fraction 0.5]
+                                      [--out DIR] [--replot DIR/latency.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import latency_job
+from bench.plots import add_out_argument, lines, out_dir, pyplot
+from bench.recovery import loop_lags
+from bench.throughput import own_cpu_seconds, process_cpu_seconds
+from gridstream.client import Client
+from gridstream.config import Config
+from gridstream.demo import compare
+from gridstream.examples import taxi, wordcount
+from gridstream.jobspec import JobSpec, Stage
+from gridstream.local import LocalCluster
+from gridstream.metrics import LATENCY_BUCKETS_S
+
+TARGET_MS = 50.0
+INTERVAL_S = 5
+QUANTILES = (0.5, 0.99, 0.999)
+JOB_MODULE = "bench.latency_job"
+METRIC = "gridstream_ingest_to_sink_seconds"
+
+
+# -- percentiles ---------------------------------------------------------------
+
+
+def exact_percentile(counts: Mapping[int, int], q: float) -> int:
+    """The nearest-rank ``q`` quantile of observations given as ``value ->
+    how many``: the smallest value with at least ``ceil(q * n)`` observations
+    at or below it (0 when there are none)."""
+    total = sum(counts.values())
+    if total == 0:
+        return 0
+    rank = max(1, math.ceil(q * total))
+    seen = 0
+    for value in sorted(counts):
+        seen += counts[value]
+        if seen >= rank:
+            return value
+    raise AssertionError("unreachable: the ranks add up to the total")
+
+
+def bucket_percentile(bounds: Sequence[float], counts: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of a histogram, interpolated linearly inside the
+    bucket that holds it, as Prometheus's ``histogram_quantile`` does.
+    ``counts`` are per bucket (not cumulative), one more than ``bounds``: the
+    last is above every bound, where the quantile is ``math.inf`` (only
+    known to exceed ``bounds[-1]``). The first bucket starts at 0. NaN when
+    the histogram is empty."""
+    if len(counts) != len(bounds) + 1:
+        raise ValueError("counts needs one bucket more than bounds (the overflow)")
+    total = sum(counts)
+    if total <= 0:
+        return math.nan
+    rank = q * total
+    below = 0.0
+    for i, n in enumerate(counts):
+        if n > 0 and below + n >= rank:
+            if i == len(bounds):
+                return math.inf
+            low = bounds[i - 1] if i else 0.0
+            return low + (bounds[i] - low) * (rank - below) / n
+        below += n
+    return math.inf if counts[-1] else bounds[-1]
+
+
+# -- workloads -----------------------------------------------------------------
+
+
+@dataclass
+class Workload:
+    """A job of ``bench/latency_job.py`` and its records, made on demand."""
+
+    name: str
+    unit: str
+    """What the rates count: words (wordcount) or records (taxi)."""
+    units_per_record: int
+    pool: list[str] = field(default_factory=list)
+
+    def job(self, delivery: str) -> JobSpec:
+        module = JOB_MODULE
+        if self.name == "taxi":
+            stages = (Stage("parse", "map_batch", f"{module}:parse_batch"),
+                      Stage("track", "reduce", f"{module}:append_stamped",
+                            key="gridstream.examples.taxi:device_of", initial=""),
+                      Stage("observe", "map_batch", f"{module}:observe_sink"),
+                      Stage("store", "sink"))
+        else:
+            stages = (Stage("split", "map_batch", f"{module}:split_batch"),
+                      Stage("count", "reduce", f"{module}:count_stamped",
+                            key=f"{module}:word_of", initial=0),
+                      Stage("observe", "map_batch", f"{module}:observe_sink"),
+                      Stage("store", "sink"))
+        return JobSpec(name=f"latency-{self.name}", stages=stages, delivery=delivery)
+
+    def payloads(self, start: int = 0) -> Iterator[tuple[str | None, str]]:
+        """(key, record) from the ``start``-th record on, without end: taxi's
+        generator in order, wordcount's pool of lines over and over."""
+        if self.name == "taxi":
+            generated = itertools.islice(taxi.generate(10**12), start, None)
+            for i, text in enumerate(generated, start):
+                yield str(1000 + i % taxi.DEVICES), text
+        else:
+            for i in itertools.count(start):
+                yield None, self.pool[i % len(self.pool)]
+
+    def reference(self, records: int) -> dict[str, Any]:
+        """The results of the first ``records`` records."""
+        if self.name == "taxi":
+            return dict(taxi.reference(taxi.generate(records)))
+        cycles, rest = divmod(records, len(self.pool))
+        counts: Counter[str] = Counter()
+        for word, n in wordcount.reference(self.pool).items():
+            counts[word] += n * cycles
+        counts.update(wordcount.reference(self.pool[:rest]))
+        return dict(counts)
+
+
+def make_workload(name: str) -> Workload:
+    if name == "taxi":
+        return Workload("taxi", "records", 1)
+    if name == "wordcount":
+        return Workload("wordcount", "words", wordcount.WORDS_PER_LINE,
+                        wordcount.generate(1_000_000, seed=1))
+    raise SystemExit(f"unknown workload {name!r}; choose wordcount or taxi")
+
+
+# -- the workers' histogram ------------------------------------------------------
+
+
+def scrape_histogram(addresses: list[str], job_id: str) -> list[float]:
+    """The job's ``gridstream_ingest_to_sink_seconds`` over every worker, as
+    counts per bucket (not cumulative; the last above every bound)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    cumulative: dict[float, float] = {bound: 0.0 for bound in (*LATENCY_BUCKETS_S, math.inf)}
+    for address in addresses:
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == f"{METRIC}_bucket" and sample.labels.get("job") == job_id:
+                    cumulative[float(sample.labels["le"])] += sample.value
+    ordered = [cumulative[bound] for bound in sorted(cumulative)]
+    return [ordered[0], *(b - a for a, b in itertools.pairwise(ordered))]
+
+
+@dataclass
+class Scrape:
+    """One scrape of the workers' histogram: wall time and bucket counts."""
+
+    wall: float
+    counts: list[float]
+
+
+# -- the run ---------------------------------------------------------------------
+
+
+@dataclass
+class Paced:
+    """What the paced run measured."""
+
+    t0: float
+    rate: float
+    records: int
+    units: int
+    send_seconds: float
+    scrapes: list[Scrape]
+    handed: Counter[tuple[int, int]]
+    """Records by due second and 0.1 ms steps from due to handed to the client."""
+    cpu: dict[str, float]
+    wall: float
+
+
+async def measure_peak(client: Client, workload: Workload, delivery: str, units: int) -> float:
+    """Units per second of the stamped job, closed loop (submit to drain),
+    with unstamped records (stamp 0: nothing observed)."""
+    records = max(1, units // workload.units_per_record)
+    pairs = list(itertools.islice(workload.payloads(), records))
+    keys = [k for k, _ in pairs] if workload.name == "taxi" else None
+    values = [[text, 0.0] for _, text in pairs]
+    started = time.monotonic()
+    job_id = await client.submit(workload.job(delivery))
+    await client.send(job_id, values, keys)
+    await client.drain(job_id)
+    seconds = time.monotonic() - started
+    await client.cancel(job_id)
+    return records * workload.units_per_record / seconds
+
+
+async def paced_run(cluster: LocalCluster, client: Client, workload: Workload, job_id: str,
+                    rate: float, seconds: float, tick_s: float, in_flight: int,
+                    spread: int) -> Paced:
+    """Sends ``rate`` units per second for ``seconds``, open loop (see the
+    module docstring), scraping the workers' histogram every interval."""
+    per_second = rate / workload.units_per_record
+    total = int(per_second * seconds)
+    source = workload.payloads()
+    keyed = workload.name == "taxi"
+    what = "records" if keyed else "lines"
+    workers = [m.metrics_address for m in cluster.members.values() if m.role == "worker"]
+    pids = {m.pid: m.role for m in cluster.members.values()}
+    slots = asyncio.Semaphore(in_flight)
+    sends: set[asyncio.Task[int]] = set()
+    failures: list[BaseException] = []
+    scrapes: list[Scrape] = []
+    handed: Counter[tuple[int, int]] = Counter()
+    """(due second, steps from due to handed to Client.send) -> records."""
+
+    def finished(task: asyncio.Task[int]) -> None:
+        sends.discard(task)
+        slots.release()
+        if not task.cancelled() and task.exception() is not None:
+            failures.append(task.exception())  # type: ignore[arg-type]
+
+    async def scraper() -> None:
+        for k in itertools.count(1):
+            await asyncio.sleep(max(0.0, t0 + k * INTERVAL_S - time.time()))
+            counts = await asyncio.to_thread(scrape_histogram, workers, job_id)
+            scrapes.append(Scrape(time.time(), counts))
+            last = scrapes[-2] if len(scrapes) > 1 else None
+            if last is not None:
+                delta = [b - a for a, b in zip(last.counts, counts, strict=True)]
+                p99 = bucket_percentile(LATENCY_BUCKETS_S, delta, 0.99) * 1e3
+                print(f"  {(k - 1) * INTERVAL_S:>3}-{k * INTERVAL_S:<3}s due {due:>10,} "
+                      f"sent {sent:>10,} {what}; sends in flight {len(sends):>3}; "
+                      f"sink {sum(delta) / (scrapes[-1].wall - last.wall):>9,.0f} "
+                      f"{workload.unit}/s; workers' histogram p99 ~ {p99:,.0f} ms",
+                      flush=True)
+
+    t0 = float(math.ceil(time.time()) + 1)  # a whole second: observations count by second
+    due = sent = 0
+    scrapes.append(Scrape(t0, await asyncio.to_thread(scrape_histogram, workers, job_id)))
+    await asyncio.sleep(max(0.0, t0 - time.time()))
+    cpu_before = {pid: process_cpu_seconds(pid) for pid in pids}
+    client_before = own_cpu_seconds()
+    watcher = asyncio.create_task(scraper())
+    tick = 0
+    try:
+        while sent < total and not failures:
+            due = min(total, int((time.time() - t0) * per_second) + 1)
+            if due > sent:
+                chunk = list(itertools.islice(source, due - sent))
+                values = [[text, t0 + (sent + i) / per_second]
+                          for i, (_, text) in enumerate(chunk)]
+                sent = due
+                if keyed:  # the client groups them by partition
+                    pieces = [(values, [k for k, _ in chunk])]
+                else:  # one batch to each of the next ``spread`` partitions in turn
+                    size = math.ceil(len(values) / spread)
+                    pieces = [(values[i:i + size], None) for i in range(0, len(values), size)]
+                for piece, keys in pieces:
+                    await slots.acquire()  # at the limit the records wait, stamps running
+                    now = time.time()
+                    handed.update([(int(stamp), int((now - stamp) / latency_job.RESOLUTION_S))
+                                   for _, stamp in piece])
+                    task = asyncio.create_task(client.send(job_id, piece, keys))
+                    sends.add(task)
+                    task.add_done_callback(finished)
+            tick += 1
+            await asyncio.sleep(max(0.0, t0 + tick * tick_s - time.time()))
+        if sends:
+            await asyncio.wait(set(sends))
+        if failures:
+            raise failures[0]
+        send_seconds = time.time() - t0
+        await client.drain(job_id)
+        wall = time.time() - t0
+        cpu = {"client": own_cpu_seconds() - client_before}
+        for pid, role in pids.items():
+            cpu[role] = cpu.get(role, 0.0) + process_cpu_seconds(pid) - cpu_before[pid]
+    finally:
+        watcher.cancel()
+        for task in list(sends):
+            task.cancel()
+    scrapes.append(Scrape(time.time(), await asyncio.to_thread(scrape_histogram, workers,
+                                                               job_id)))
+    return Paced(t0, rate, total, total * workload.units_per_record, send_seconds, scrapes,
+                 handed, cpu, wall)
+
+
+def steps_between(observed: Mapping[tuple[int, int], int], low: int, high: int
+                  ) -> Counter[int]:
+    """``latency steps -> records`` of the records due in ``[low, high)``
+    (whole seconds), from ``(due second, steps) -> records``."""
+    found: Counter[int] = Counter()
+    for (second, steps), n in observed.items():
+        if low <= second < high:
+            found[steps] += n
+    return found
+
+
+def interval_rows(paced: Paced, sink: Counter[tuple[int, int]],
+                  source: Counter[tuple[int, int]], seconds: float) -> list[dict[str, Any]]:
+    """One row per interval of the records' due times: units/s sent, the
+    exact percentiles at the sink (which sees units: words, records) and the
+    source's p99, and the workers'
+    histogram over the same stretch of wall time (sink time, not due time)."""
+    step_ms = latency_job.RESOLUTION_S * 1e3
+    start = int(paced.t0)
+    rows = []
+    for k in range(math.ceil(seconds / INTERVAL_S)):
+        low, high = start + k * INTERVAL_S, start + (k + 1) * INTERVAL_S
+        at_sink, at_source, at_send = (steps_between(observed, low, high)
+                                       for observed in (sink, source, paced.handed))
+        width = min(high, paced.t0 + seconds) - low
+        row: dict[str, Any] = {
+            "start_s": k * INTERVAL_S,
+            "sent_per_s": sum(at_sink.values()) / width,
+            **{f"p{q * 100:g}_ms": exact_percentile(at_sink, q) * step_ms for q in QUANTILES},
+            "max_ms": max(at_sink, default=0) * step_ms,
+            "source_p99_ms": exact_percentile(at_source, 0.99) * step_ms,
+            "send_p99_ms": exact_percentile(at_send, 0.99) * step_ms,
+        }
+        if k + 2 <= len(paced.scrapes):
+            a, b = paced.scrapes[k], paced.scrapes[k + 1]
+            delta = [y - x for x, y in zip(a.counts, b.counts, strict=True)]
+            row["sink_per_s"] = sum(delta) / (b.wall - a.wall)
+            row["histogram_p99_ms"] = bucket_percentile(LATENCY_BUCKETS_S, delta, 0.99) * 1e3
+        rows.append(row)
+    return rows
+
+
+def whole_run(sink: Counter[tuple[int, int]]) -> dict[str, float]:
+    steps = steps_between(sink, 0, 2**62)
+    step_ms = latency_job.RESOLUTION_S * 1e3
+    figures = {f"p{q * 100:g}_ms": exact_percentile(steps, q) * step_ms for q in QUANTILES}
+    figures["max_ms"] = max(steps, default=0) * step_ms
+    figures["mean_ms"] = (sum(s * n for s, n in steps.items()) / max(1, steps.total())
+                          * step_ms)
+    return figures
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    workload = make_workload(args.workload)
+    with tempfile.TemporaryDirectory(prefix="gridstream-latency-") as run_dir:
+        observed = Path(run_dir) / "observed"
+        observed.mkdir()
+        base = Config()
+        config = replace(base, cluster=replace(
+            base.cluster, job_modules=(*base.cluster.job_modules, JOB_MODULE)))
+        async with LocalCluster(run_dir, config, workers=3, state_servers=2,
+                                extra_env={latency_job.ENV: str(observed)}) as cluster:
+            print("members: " + ", ".join(f"{name} pid {member.pid}"
+                                          for name, member in cluster.members.items()),
+                  flush=True)
+            async with Client(cluster.scheduler_address, batch_size=args.batch_size,
+                              security=cluster.config.security) as client:
+                peak = 0.0
+                rate = args.rate
+                if not rate:
+                    print(f"peak: {args.peak_units:,} {workload.unit}, closed loop ...",
+                          flush=True)
+                    peak = await measure_peak(client, workload, args.delivery, args.peak_units)
+                    rate = peak * args.fraction
+                    print(f"peak {peak:,.0f} {workload.unit}/s; sending at {args.fraction:g} "
+                          f"of it: {rate:,.0f} {workload.unit}/s", flush=True)
+                job_id = await client.submit(workload.job(args.delivery))
+                print(f"paced run: {rate:,.0f} {workload.unit}/s for {args.seconds:g} s, "
+                      f"{workload.name}, {args.delivery}", flush=True)
+                paced = await paced_run(cluster, client, workload, job_id, rate, args.seconds,
+                                        args.tick_ms / 1e3, args.in_flight, args.spread)
+                actual = await client.results(job_id)
+            lag, held = loop_lags(cluster.run_dir / "logs", paced.t0)
+            await asyncio.sleep(latency_job.FLUSH_S * 3)  # the workers' last counts
+        sink = latency_job.read_observations(observed, "sink")
+        source = latency_job.read_observations(observed, "source")
+    missing, extra, different = compare(actual, workload.reference(paced.records))
+    observed_units = sink.total()
+    if workload.name == "wordcount":
+        checked = observed_units == paced.units and source.total() == paced.records
+    else:
+        checked = observed_units == paced.records == source.total()
+    problems = []
+    if missing or extra or different:
+        problems.append(f"results differ from the reference: {missing} missing, {extra} "
+                        f"unexpected, {different} different")
+    if not checked:
+        problems.append(f"the sink observed {observed_units:,} records and the source "
+                        f"{source.total():,} for {paced.records:,} sent ({paced.units:,} "
+                        f"{workload.unit}): some were missed or counted twice")
+    rows = interval_rows(paced, sink, source, args.seconds)
+    return {
+        "workload": workload.name, "unit": workload.unit, "delivery": args.delivery,
+        "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "cores": os.cpu_count(),
+        "python": sys.version.split()[0], "peak_per_s": peak, "fraction": args.fraction,
+        "rate_per_s": rate, "seconds": args.seconds, "tick_ms": args.tick_ms,
+        "in_flight": args.in_flight, "batch_size": args.batch_size, "spread": args.spread,
+        "records": paced.records, "units": paced.units, "send_seconds": paced.send_seconds,
+        "wall_s": paced.wall, "cpu_s": paced.cpu, "loop_lag_s": lag, "loop_held_s": held,
+        "intervals": rows, "whole": whole_run(sink), "target_ms": TARGET_MS,
+        "problems": problems,
+    }
+
+
+# -- output ----------------------------------------------------------------------
+
+
+def table(f: dict[str, Any]) -> str:
+    unit = f["unit"]
+    out = [f"ingest -> sink latency, {f['workload']} {f['delivery']}, {f['when']}, "
+           f"{f['cores']} cores, Python {f['python']}"]
+    if f["peak_per_s"]:
+        out.append(f"peak {f['peak_per_s']:,.0f} {unit}/s (closed loop); paced at "
+                   f"{f['fraction']:g} of it = {f['rate_per_s']:,.0f} {unit}/s for "
+                   f"{f['seconds']:g} s")
+    else:
+        out.append(f"paced at {f['rate_per_s']:,.0f} {unit}/s (given) for {f['seconds']:g} s")
+    spread = ("" if f["workload"] == "taxi" else
+              f", split over {f['spread']} partition(s)")
+    out.append(f"open loop: due records handed to the client every {f['tick_ms']:g} ms{spread}, "
+               f"up to {f['in_flight']} sends in flight, batches of at most {f['batch_size']:,}; "
+               f"sending took {f['send_seconds']:.1f} s, drained at {f['wall_s']:.1f} s")
+    out.append("")
+    out.append(f"{'interval':<10}{'sent/s':>10}{'sink/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+               f"{'p99.9 ms':>10}{'max ms':>9}{'send p99':>10}{'source p99':>12}{'hist. p99':>11}")
+
+    def ms(value: float) -> str:
+        if math.isinf(value):
+            return f">{LATENCY_BUCKETS_S[-1] * 1e3:,.0f}"
+        return "-" if math.isnan(value) else f"{value:,.1f}"
+
+    for row in f["intervals"]:
+        out.append(f"{row['start_s']:>3}-{row['start_s'] + INTERVAL_S:<3}s  "
+                   f"{row['sent_per_s']:>10,.0f}{row.get('sink_per_s', math.nan):>10,.0f}"
+                   f"{ms(row['p50_ms']):>9}{ms(row['p99_ms']):>9}{ms(row['p99.9_ms']):>10}"
+                   f"{ms(row['max_ms']):>9}{ms(row['send_p99_ms']):>10}"
+                   f"{ms(row['source_p99_ms']):>12}"
+                   f"{ms(row.get('histogram_p99_ms', math.nan)):>11}")
+    w = f["whole"]
+    out.append(f"{'whole run':<10}{f['units'] / f['seconds']:>10,.0f}{'':>10}"
+               f"{ms(w['p50_ms']):>9}{ms(w['p99_ms']):>9}{ms(w['p99.9_ms']):>10}"
+               f"{ms(w['max_ms']):>9}   mean {w['mean_ms']:,.1f} ms")
+    worst = max(f["intervals"], key=lambda r: r["p99_ms"])
+    held = all(r["p99_ms"] <= f["target_ms"] for r in f["intervals"])
+    out.append("")
+    out.append(f"target p99 <= {f['target_ms']:g} ms in every {INTERVAL_S} s interval: "
+               f"{'MET' if held else 'NOT MET'} (worst interval {worst['start_s']}-"
+               f"{worst['start_s'] + INTERVAL_S} s: p99 {worst['p99_ms']:,.1f} ms; whole run "
+               f"p99 {w['p99_ms']:,.1f} ms)")
+    cpu = f["cpu_s"]
+    busy = sum(cpu.values()) / f["wall_s"]
+    out.append(f"CPU over the run: {busy:.2f} of {f['cores']} cores busy ("
+               + ", ".join(f"{role} {seconds / f['wall_s']:.2f}"
+                           for role, seconds in sorted(cpu.items()))
+               + f"); worst worker event-loop lag {f['loop_lag_s'] * 1e3:,.0f} ms "
+               f"({f['loop_held_s'] * 1e3:,.0f} ms of it computing)")
+    out.append(f"sent/s: {unit} due in the interval that reached the sink, per second; "
+               "p50 .. max: exact (0.1 ms steps) over those records, from the time each was "
+               "due to be sent to the sink task processing it; send p99: from due to handed "
+               "to Client.send (the tick's linger and any wait for a send slot); source p99: "
+               "from due to the first task processing it.")
+    out.append("sink/s and hist. p99: the workers' gridstream_ingest_to_sink_seconds scraped "
+               "every interval (by sink time), from the client's encoding of a push, p99 "
+               f"interpolated in buckets bounded at {', '.join(f'{b * 1e3:g}' for b in LATENCY_BUCKETS_S)} ms.")  # noqa: E501
+    for problem in f["problems"]:
+        out.append(f"!!! {problem}")
+    return "\n".join(out)
+
+
+def plot(f: dict[str, Any], path: Path) -> None:
+    """Percentiles per interval with the target; the rates beside them."""
+    plt = pyplot()
+    rows = f["intervals"]
+    x = [r["start_s"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2),
+                                      gridspec_kw={"width_ratios": [2, 1]})
+    lines(left, x, [("p50", [r["p50_ms"] for r in rows], "C0"),
+                    ("p99", [r["p99_ms"] for r in rows], "C1"),
+                    ("p99.9", [r["p99.9_ms"] for r in rows], "C3")],
+          references=[(f"target p99 {f['target_ms']:g} ms", f["target_ms"], "C2")])
+    left.set_xlabel(f"interval start (s), each {INTERVAL_S} s")
+    left.set_ylabel("ms, due to be sent -> sink task")
+    left.set_title("latency per interval (exact)", loc="left", fontsize=10)
+    lines(right, x, [("sent", [r["sent_per_s"] for r in rows], "C0"),
+                     ("at sink", [r.get("sink_per_s", math.nan) for r in rows], "C1")],
+          references=[("paced rate", f["rate_per_s"], "C7")]
+          + ([("peak", f["peak_per_s"], "C3")] if f["peak_per_s"] else []))
+    right.set_xlabel("interval start (s)")
+    right.set_ylabel(f"{f['unit']}/s")
+    right.set_title("rate per interval", loc="left", fontsize=10)
+    fig.suptitle(f"{f['workload']} {f['delivery']}, 3 workers + 2 state servers on "
+                 f"{f['cores']} cores, {f['when']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"plot: {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--workload", default="wordcount", choices=("wordcount", "taxi"))
+    parser.add_argument("--delivery", default="exactly_once",
+                        choices=("exactly_once", "at_least_once", "at_most_once"))
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--rate", type=float, default=0.0,
+                        help="units/s to send (words or records); skips the peak run")
+    parser.add_argument("--fraction", type=float, default=0.5,
+                        help="of the measured peak to send at (default 0.5)")
+    parser.add_argument("--peak-units", type=int, default=900_000,
+                        help="units of the closed-loop peak run (default 900,000)")
+    parser.add_argument("--tick-ms", type=float, default=50.0,
+                        help="how often due records are handed to the client (default 50)")
+    parser.add_argument("--spread", type=int, default=1,
+                        help="wordcount: split each tick's lines over this many partitions "
+                             "(default 1: a tick's lines go as one batch to the next "
+                             "partition in turn, as a sticky partitioner does)")
+    parser.add_argument("--in-flight", type=int, default=32,
+                        help="most sends in flight at once (default 32)")
+    parser.add_argument("--batch-size", type=int, default=5_000,
+                        help="largest batch the client pushes (default 5,000)")
+    parser.add_argument("--replot", type=Path, default=None,
+                        help="draw the table and plot again from a latency.json; run nothing")
+    add_out_argument(parser)
+    args = parser.parse_args()
+    out = out_dir(args.out)
+    if args.replot is not None:
+        figures = json.loads(args.replot.read_text())
+    else:
+        figures = asyncio.run(run(args))
+        (out / "latency.json").write_text(json.dumps(figures, indent=1) + "\n")
+    text = table(figures)
+    print("\n" + text)
+    (out / "latency.txt").write_text(text + "\n")
+    plot(figures, out / "latency.png")
+    if figures["problems"]:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,151 @@
+"""The jobs of ``bench/latency.py``: wordcount and taxi whose records carry the
+wall-clock time they were due to be sent, and two ``map_batch`` stages that
+observe, on the workers, how long each record took to reach them.
+
+Every record travels as ``[payload, stamp]``: ``stamp`` is the ``time.time()``
+at which the paced sender was due to send it (not when it managed to), so a
+sender held back by a slow cluster shows as latency, not as a lower rate. The
+keyed stage carries the stamp of the record it last folded in its
+accumulator (``[value, stamp]``), and the sink task's last stage
+(``observe_sink``) records ``time.time() - stamp`` for each record and hands
+the plain value on, so the sink keeps exactly what the plain wordcount and
+taxi jobs keep and the bench checks it against their references.
+
+The first stage (``split_batch``, ``parse_batch``) observes the same for the
+source task, which splits the latency into "sent to the first task" and "first
+task to the sink".
+
+Observations are counted per process, keyed by the stamp's whole second and
+the latency in steps of 0.1 ms (``RESOLUTION_S``), and a thread appends the
+counts made since its last turn to ``$BENCH_LATENCY_DIR/<point>-<pid>.jsonl``
+every ``FLUSH_S`` (nothing is recorded when the variable is unset). That is
+a side effect of an operator, which the operator contract forbids: a replay
+after a failure would count its records twice. The bench runs without faults
+and checks that the sink observed exactly as many records as it sent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from gridstream.examples import taxi
+
+ENV = "BENCH_LATENCY_DIR"
+"""Where the workers append their observations (set by the bench for the
+cluster it starts; not a GRIDSTREAM_* variable, which the config would refuse)."""
+
+RESOLUTION_S = 0.0001
+"""Latencies are counted in steps of 0.1 ms (rounded down)."""
+
+SPAN = 10**9
+"""One observation key is ``stamp second * SPAN + latency steps``: latencies up
+to 10^5 s fit, more than any run lasts."""
+
+FLUSH_S = 0.5
+"""How often each process appends its new counts to its file."""
+
+
+class Recorder:
+    """Counts the latencies observed at one point of the job in this process,
+    and appends them to a file from a thread of its own."""
+
+    def __init__(self, point: str) -> None:
+        self.point = point
+        self._counts: Counter[int] = Counter()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        directory = os.environ.get(ENV)
+        self.path = Path(directory) / f"{point}-{os.getpid()}.jsonl" if directory else None
+
+    def observe(self, stamps: list[float], now: float | None = None) -> None:
+        """Counts ``now - stamp`` (``now``: ``time.time()`` unless given) for
+        every stamp (0 means unstamped: skipped)."""
+        if self.path is None:
+            return
+        if now is None:
+            now = time.time()
+        steps = 1.0 / RESOLUTION_S
+        keys = [int(s) * SPAN + min(SPAN - 1, max(0, int((now - s) * steps)))
+                for s in stamps if s > 0]
+        with self._lock:
+            self._counts.update(keys)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._flush_forever,
+                                                name=f"latency {self.point}", daemon=True)
+                self._thread.start()
+
+    def _flush_forever(self) -> None:
+        assert self.path is not None
+        while True:
+            time.sleep(FLUSH_S)
+            with self._lock:
+                counts, self._counts = self._counts, Counter()
+            if counts:
+                with self.path.open("a") as out:
+                    out.write(json.dumps(list(counts.items()), separators=(",", ":")) + "\n")
+
+
+_SOURCE = Recorder("source")
+_SINK = Recorder("sink")
+
+
+def read_observations(directory: Path, point: str) -> Counter[tuple[int, int]]:
+    """``(stamp second, latency steps) -> records`` over every process's file
+    for ``point`` (``source`` or ``sink``)."""
+    found: Counter[tuple[int, int]] = Counter()
+    for path in sorted(directory.glob(f"{point}-*.jsonl")):
+        for line in path.read_text().splitlines():
+            for key, n in json.loads(line):
+                found[divmod(key, SPAN)] += n
+    return found
+
+
+# -- wordcount ---------------------------------------------------------------
+
+
+def split_batch(values: list[Any]) -> list[Any]:
+    """Stage 1 (``map_batch``): ``[line, stamp]`` -> ``[word, stamp]`` for each
+    lower-cased word, as ``gridstream.builtins:split_words`` splits."""
+    _SOURCE.observe([v[1] for v in values])
+    return [[word, stamp] for line, stamp in values for word in line.lower().split()]
+
+
+def word_of(value: list[Any]) -> str:
+    """Key of stage 2: the word."""
+    return str(value[0])
+
+
+def count_stamped(acc: Any, value: list[Any]) -> list[Any]:
+    """Stage 2 (``reduce`` from 0): ``[count, stamp of the last word]``."""
+    return [(acc[0] if acc else 0) + 1, value[1]]
+
+
+# -- taxi --------------------------------------------------------------------
+
+
+def parse_batch(values: list[Any]) -> list[Any]:
+    """Stage 1 (``map_batch``): ``[json, stamp]`` -> ``[device, "lat,lon;", stamp]``,
+    as ``gridstream.examples.taxi:parse_position`` parses."""
+    _SOURCE.observe([v[1] for v in values])
+    return [[*taxi.parse_position(text), stamp] for text, stamp in values]
+
+
+def append_stamped(acc: Any, position: list[Any]) -> list[Any]:
+    """Stage 2 (``reduce`` from ""): ``[track, stamp of the last position]``."""
+    return [(acc[0] if acc else "") + position[1], position[2]]
+
+
+# -- both --------------------------------------------------------------------
+
+
+def observe_sink(values: list[Any]) -> list[Any]:
+    """Last stage before the sink (``map_batch``, same task): observes each
+    ``[value, stamp]`` and passes ``value`` on to the sink."""
+    _SINK.observe([v[1] for v in values])
+    return [v[0] for v in values]

@@ -1,0 +1,81 @@
+"""The latency bench's arithmetic: exact percentiles from counted
+observations, percentiles interpolated from histogram buckets (as
+Prometheus's histogram_quantile does), and the workers' observation files
+read back per interval."""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bench import latency_job
+from bench.latency import bucket_percentile, exact_percentile, steps_between
+
+
+def nearest_rank(values: list[int], q: float) -> int:
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+def test_exact_percentiles_equal_the_nearest_rank_of_the_sorted_values() -> None:
+    rng = random.Random(3)
+    for _ in range(200):
+        values = [int(rng.expovariate(0.01)) for _ in range(rng.randint(1, 3_000))]
+        counts = Counter(values)
+        for q in (0.0, 0.5, 0.9, 0.99, 0.999, 1.0):
+            assert exact_percentile(counts, q) == nearest_rank(values, q), (q, len(values))
+    assert exact_percentile({}, 0.99) == 0
+
+
+def test_bucket_percentiles_interpolate_inside_the_bucket() -> None:
+    bounds = (0.005, 0.01, 0.025, 0.05, 0.1)
+    # 100 observations: 40 in (0, 5 ms], 50 in (10, 25 ms], 9 in (50, 100 ms], 1 above.
+    counts = [40.0, 0.0, 50.0, 0.0, 9.0, 1.0]
+    assert bucket_percentile(bounds, counts, 0.2) == pytest.approx(0.0025)
+    assert bucket_percentile(bounds, counts, 0.4) == pytest.approx(0.005)
+    assert bucket_percentile(bounds, counts, 0.5) == pytest.approx(0.01 + 0.015 * 10 / 50)
+    assert bucket_percentile(bounds, counts, 0.9) == pytest.approx(0.025)
+    assert bucket_percentile(bounds, counts, 0.95) == pytest.approx(0.05 + 0.05 * 5 / 9)
+    assert bucket_percentile(bounds, counts, 0.99) == pytest.approx(0.1)
+    assert bucket_percentile(bounds, counts, 0.999) == math.inf  # only known to be > 100 ms
+    assert math.isnan(bucket_percentile(bounds, [0.0] * 6, 0.99))
+    with pytest.raises(ValueError):
+        bucket_percentile(bounds, counts[:-1], 0.5)
+
+
+def test_bucket_percentiles_bracket_the_exact_ones() -> None:
+    rng = random.Random(7)
+    bounds = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+    values = [rng.lognormvariate(-3.5, 0.8) for _ in range(20_000)]
+    counts = [0.0] * (len(bounds) + 1)
+    for v in values:
+        counts[sum(v > b for b in bounds)] += 1
+    for q in (0.5, 0.99):
+        exact = sorted(values)[math.ceil(q * len(values)) - 1]
+        i = sum(exact > b for b in bounds)
+        low, high = (bounds[i - 1] if i else 0.0), bounds[i]
+        assert low <= bucket_percentile(bounds, counts, q) <= high
+
+
+def test_observations_are_counted_by_due_second_and_read_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(latency_job.ENV, str(tmp_path))
+    monkeypatch.setattr(latency_job, "FLUSH_S", 0.01)
+    recorder = latency_job.Recorder("sink")
+    now = 1_800_000_000.0
+    # 15.625 ms twice (due in the second before), 1.5 s once, and an unstamped record.
+    recorder.observe([now - 0.015625, now - 0.015625, now - 1.5, 0.0], now=now)
+    expected = {(1_799_999_999, 156): 2, (1_799_999_998, 15_000): 1}
+    deadline = time.monotonic() + 10
+    while latency_job.read_observations(tmp_path, "sink").total() < 3:
+        assert time.monotonic() < deadline, "the recorder's thread wrote nothing"
+        time.sleep(0.01)
+    observed = latency_job.read_observations(tmp_path, "sink")
+    assert observed == expected
+    assert steps_between(observed, 1_799_999_999, 1_800_000_004) == {156: 2}
+    assert steps_between(observed, 0, 2**62) == {156: 2, 15_000: 1}
