@@ -146,15 +146,23 @@ class ReplicaClient:
         await self._write(operator_id, f"storing window {window} of {operator_id}'s state",
                           lambda stub: stub.PutState(iter(messages), timeout=timeout))
 
-    async def read_state(self, job_id: str, operator_id: str, epoch: int) -> StoredState | None:
+    async def read_state(self, job_id: str, operator_id: str, epoch: int,
+                         after: int | None = None) -> StoredState | None:
         """The newest state of an operator on any replica, checked chunk by chunk:
         the windows to apply in order (a whole state, then deltas).
 
         With ``epoch``, every replica that answers first raises the operator's
         fence to it, so the previous owner cannot store anything newer than
-        what this read sees (StaleEpoch when a newer owner claimed it). Only
-        the replica with the newest head is read in full; another is tried
-        when its stream fails or does not check out."""
+        what this read sees (StaleEpoch when a newer owner claimed it); 0
+        reads without claiming. Only the replica with the newest head is read
+        in full; another is tried when its stream fails or does not check out.
+
+        With ``after`` (a window the reader already holds, e.g. a standby),
+        only the deltas after it are read when the replica's chain still
+        holds it: the first window then has ``after`` as its parent, and a
+        head equal to ``after`` reads nothing (no windows, an empty header).
+        Otherwise the whole state comes as usual; the reader tells the two
+        apart by the first window's parent."""
         request = stateserver_pb2.StateHeadRequest(job_id=job_id, operator_id=operator_id,
                                                    epoch=epoch)
         answers = await self._ask_all(
@@ -167,8 +175,10 @@ class ReplicaClient:
             address = replicas.readable.get(node)
             if address is None:
                 continue
+            if after is not None and head == after:
+                return StoredState(after, b"", [])
             try:
-                state = await _read_state(self._stub(address), job_id, operator_id)
+                state = await _read_state(self._stub(address), job_id, operator_id, after)
             except (GridstreamError, grpc.aio.AioRpcError) as exc:
                 error = from_rpc_error(exc) if isinstance(exc, grpc.aio.AioRpcError) else exc
                 log.error("reading the state of %s from %s failed (%s); trying another copy",
@@ -350,17 +360,20 @@ async def state_messages(
 
 
 async def _read_state(
-    stub: stateserver_pb2_grpc.StateServerStub, job_id: str, operator_id: str
+    stub: stateserver_pb2_grpc.StateServerStub, job_id: str, operator_id: str,
+    after: int | None = None,
 ) -> StoredState | None:
-    """One replica's whole state; DataLoss when a chunk fails its checksum or
-    the windows do not chain."""
+    """One replica's whole state, or the deltas after ``after`` when it holds
+    that window; DataLoss when a chunk fails its checksum or the windows do
+    not chain."""
     windows: list[StateWindowRead] = []
     open_window: StateWindowRead | None = None
     received = 0
-    async for chunk in rpc.idle_stream(
-        stub.ReadState(stateserver_pb2.ReadStateRequest(job_id=job_id, operator_id=operator_id)),
-        f"reading the state of {operator_id}",
-    ):
+    request = stateserver_pb2.ReadStateRequest(
+        job_id=job_id, operator_id=operator_id, has_after=after is not None,
+        after_window=after or 0)
+    async for chunk in rpc.idle_stream(stub.ReadState(request),
+                                       f"reading the state of {operator_id}"):
         meta = chunk.meta
         body = chunk.header + chunk.entries
         if len(body) != meta.size or checksum(body) != meta.checksum:
@@ -370,7 +383,7 @@ async def _read_state(
             if windows and parent != windows[-1].window:
                 raise DataLoss(f"{operator_id}: window {meta.window} applies on {parent}, not "
                                f"on the window before it ({windows[-1].window})")
-            if not windows and parent is not None:
+            if not windows and parent is not None and parent != after:
                 raise DataLoss(f"{operator_id}: the read starts with a delta (window "
                                f"{meta.window}), not a whole state")
             open_window = StateWindowRead(int(meta.window), parent, chunk.header)

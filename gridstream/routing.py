@@ -24,7 +24,7 @@ import grpc
 from gridstream import rpc
 from gridstream.errors import FailedPrecondition, from_rpc_error
 from gridstream.placement import ReplicaSet
-from gridstream.ring import HashRing
+from gridstream.ring import HashRing, assign_partitions
 from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,9 @@ class RoutingView:
         self.state_servers: dict[str, str] = {}
         self.workers: list[str] = []
         self._worker_ring = HashRing([], virtual_nodes)
+        self._successors: dict[tuple[str, frozenset[str]], list[str]] = {}
+        """(job, workers left out) -> the owners the scheduler would assign
+        without them; cleared with every new table."""
         self.replica_set = ReplicaSet.from_table(self.table, virtual_nodes)
 
     async def refresh(self, at_least: int = 0) -> scheduler_pb2.RoutingTable:
@@ -129,6 +132,7 @@ class RoutingView:
             and m.state != scheduler_pb2.MEMBER_STATE_DEAD
         )
         self._worker_ring = HashRing(self.workers, self._virtual_nodes)
+        self._successors = {}
         log.debug("routing table epoch %d: %d jobs, %d members", table.epoch, len(table.jobs),
                  len(table.members))
 
@@ -140,10 +144,41 @@ class RoutingView:
         return owners[partition]
 
     def backups(self, job_id: str, partition: int, count: int) -> list[str]:
-        """The workers holding copies of a partition's containers: the next
-        ``count`` live workers on the ring after the owner."""
+        """The workers holding copies of a partition's containers (their logs
+        and the standby of their state): the ones that would own it next, in
+        order. The first is the owner the scheduler's assignment gives the
+        partition once the owner is gone, the second the one it gives once
+        both are gone, and so on; so the worker that takes a partition over
+        after a failure already holds its log and its state. Without a known
+        owner: the first ``count`` workers on the ring."""
         if count <= 0:
             return []
+        owners = self.owners.get(job_id) or []
         owner = self.owner(job_id, partition)
-        walk = self._worker_ring.walk(f"{job_id}/{partition}")
-        return [w for w in walk if w != owner][:count]
+        if owner is None:
+            return list(self._worker_ring.walk(f"{job_id}/{partition}"))[:count]
+        holders: list[str] = []
+        gone = {owner}
+        while len(holders) < count:
+            successor = self._successor(job_id, len(owners), partition, frozenset(gone))
+            if successor is None:
+                break
+            holders.append(successor)
+            gone.add(successor)
+        return holders
+
+    def _successor(self, job_id: str, partitions: int, partition: int,
+                   gone: frozenset[str]) -> str | None:
+        """The owner of ``partition`` in the assignment without the ``gone``
+        workers (what the scheduler computes when they die), or None when no
+        worker is left."""
+        key = (job_id, gone)
+        assignment = self._successors.get(key)
+        if assignment is None:
+            left = [w for w in self.workers if w not in gone]
+            if not left:
+                return None
+            assignment = assign_partitions(HashRing(left, self._virtual_nodes), job_id,
+                                           partitions)
+            self._successors[key] = assignment
+        return assignment[partition]

@@ -28,9 +28,7 @@ from gridstream.errors import (
     innermost_error,
 )
 from gridstream.jobspec import JobSpec, Stage, check_imports, plan_tasks
-from gridstream.metrics import (
-    Metric,
-)
+from gridstream.metrics import Metric
 from gridstream.retry import Backoff, RetryExhausted
 from gridstream.routing import RoutingView
 from gridstream.v1 import common_pb2, scheduler_pb2, worker_pb2, worker_pb2_grpc
@@ -38,6 +36,7 @@ from services.worker.metrics import node_metrics
 from services.worker.peers import Channels, Commit, OutSegment, PeerRouter, StateClient
 from services.worker.queues import Entry, JobContainer, OwnerFenced
 from services.worker.replication import BackupStore, ContainerKey, to_log_entry
+from services.worker.standby import StandbyStore
 from services.worker.tasks import FetchedLog, TaskRunner
 from services.worker.trackers import TrackerHost, TrackerLayout, TrackingReporter, pack, unpack
 
@@ -49,6 +48,13 @@ TASK_RESTART_DELAY_S = (0.1, 5.0)
 CHUNK_ENTRIES = 256
 
 log = logging.getLogger(__name__)
+
+
+def _entries_of(chunk: worker_pb2.ContainerChunk) -> list[Entry]:
+    """The container entries of one chunk of a log copy."""
+    return [Entry(item.offset, item.channel, item.sequence, *codec.decode_batch(item.batch),
+                  item.batch, root=item.root, previous_sequence=item.previous_sequence)
+            for item in chunk.entries]
 
 
 @dataclass
@@ -83,6 +89,9 @@ class WorkerNode:
                                  config.worker.push_timeout_s)
         self.state = StateClient(routing, channels)
         self.backups = BackupStore()
+        self.standbys = StandbyStore(node_id, routing, channels, self.state,
+                                     lambda job_id: getattr(self.jobs.get(job_id), "tasks", None),
+                                     config.cluster.backup_count)
         self.retired: dict[ContainerKey, JobContainer] = {}
         self._sync_lock = asyncio.Lock()
         self._synced_epoch = 0  # the table epoch our tasks were last aligned with
@@ -93,6 +102,7 @@ class WorkerNode:
         self._align_target = 0
         self._align_wake = asyncio.Event()
         self._aligner = group.create_task(self._align_loop(), name="align with the table")
+        self._catch_up = group.create_task(self.standbys.run(), name="standby catch-up")
 
     def deploy(self, job_id: str, spec_proto: common_pb2.JobSpec) -> JobRuntime:
         """Installs a job (idempotent); raises InvalidArgument if an import path
@@ -115,6 +125,7 @@ class WorkerNode:
         """Stops every task of a job and forgets it."""
         runtime = self.jobs.pop(job_id, None)
         self.backups.drop_job(job_id)
+        self.standbys.drop_job(job_id)
         for key in [k for k in self.retired if k[0] == job_id]:
             del self.retired[key]
         if runtime is None:
@@ -152,6 +163,7 @@ class WorkerNode:
             self.config.cluster.tracking_flush_s,
         )
         runner.epoch = self.routing.epoch
+        self.standbys.attach(runner)
         if runtime.spec.tracking_timeout_s:
             self.trackers.set_timeout(runtime.job_id, runtime.spec.tracking_timeout_s)
         return runner
@@ -245,6 +257,7 @@ class WorkerNode:
             for job_id in list(self.jobs):
                 if job_id not in listed and self.jobs[job_id].runners:
                     await self.stop_job(job_id)
+            self.standbys.prune()
             self._check_tracker_layout()
 
     def _check_tracker_layout(self) -> None:
@@ -519,24 +532,14 @@ class WorkerNode:
             if not entries and not sequences:
                 base = chunk.base_offset
                 sequences = dict(chunk.sequences)
-            for item in chunk.entries:
-                keys, values = codec.decode_batch(item.batch)
-                entries.append(Entry(item.offset, item.channel, item.sequence, keys, values,
-                                     item.batch, root=item.root,
-                                     previous_sequence=item.previous_sequence))
+            entries.extend(_entries_of(chunk))
         return base, sequences, entries
 
     def _local_log(self, key: ContainerKey) -> FetchedLog | None:
         chunks = self.container_log(key)
         if not chunks[0].found:
             return None
-        entries = []
-        for chunk in chunks:
-            for item in chunk.entries:
-                keys, values = codec.decode_batch(item.batch)
-                entries.append(Entry(item.offset, item.channel, item.sequence, keys, values,
-                                     item.batch, root=item.root,
-                                     previous_sequence=item.previous_sequence))
+        entries = [entry for chunk in chunks for entry in _entries_of(chunk)]
         return chunks[0].base_offset, dict(chunks[0].sequences), entries
 
     async def fetch_log(self, key: ContainerKey, epoch: int) -> FetchedLog | None:
@@ -579,16 +582,13 @@ class WorkerNode:
         """Per-task series for Prometheus, read from live state at scrape time."""
         return node_metrics(self)
 
-    def drop_retired(self, key: ContainerKey) -> None:
-        """Forgets a retired container once its new owner has it."""
-        self.retired.pop(key, None)
-
     async def close(self) -> None:
         """Stops aligning and every job, then writes still running beyond
         their quorum."""
-        self._aligner.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._aligner
+        for task in (self._aligner, self._catch_up):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for job_id in list(self.jobs):
             await self.stop_job(job_id)
         await self.state.close()

@@ -4,7 +4,9 @@ restore the queue by its JobContainerID, replay".
 1. Read the task's newest durable window snapshot (a base and its deltas) from
    the state servers: the keyed state (lv), the container offset it covers,
    the output sequence per downstream partition and the input sequence per
-   channel below that offset.
+   channel below that offset. When this worker held a standby of the task
+   (:mod:`services.worker.standby`), only the deltas after the standby's
+   window are read, usually none, and the standby's operators are adopted.
 2. Fetch the fullest committed copy of the container's log from the other
    workers (fencing every copy as it is read), or this worker's own.
 3. Resume at the snapshot's offset: every batch after it is processed again,
@@ -66,9 +68,13 @@ async def restore_task(runner: TaskRunner) -> bool:
     earlier state (a snapshot or a log copy) rather than starting fresh."""
     started = time.monotonic()
     steps: dict[str, float] = {}
+    standby = runner.take_standby(runner.key)
+    adopted: int | None = None
+    after = standby.window if standby is not None else None
     snapshot = await retry(
         f"{runner.operator_id}: reading the latest snapshot",
-        lambda: runner.state_client.read_state(runner.job_id, runner.operator_id, runner.epoch),
+        lambda: runner.state_client.read_state(runner.job_id, runner.operator_id, runner.epoch,
+                                               after=after),
         (GridstreamError,), on_error=_warn(runner.operator_id))
     steps["read"] = time.monotonic() - started
     fetched = await runner.fetch_log(runner.key, runner.epoch)
@@ -80,7 +86,14 @@ async def restore_task(runner: TaskRunner) -> bool:
         # The newest window's offsets and sequences, and the keyed state
         # rebuilt from a base and its deltas a chunk at a time.
         window = snapshot.window
-        saved = codec.unpack(snapshot.header)
+        header = snapshot.header
+        if standby is not None and (not snapshot.windows
+                                    or snapshot.windows[0].parent is not None):
+            # The read continues the standby: adopt its operators, apply the rest.
+            runner.chain = standby.chain
+            header = header or standby.header
+            adopted = standby.window
+        saved = codec.unpack(header)
         applying = time.monotonic()
         await apply_stored(runner.chain, snapshot)
         steps["apply"] = time.monotonic() - applying
@@ -155,10 +168,12 @@ async def restore_task(runner: TaskRunner) -> bool:
     runner.recovered_records = sum(
         e.count for e in runner.container.entries(offset, runner.container.next_offset))
     runner.recovery_seconds = time.monotonic() - started
-    log.info("%s started: snapshot window %s, offset %d; log copy %s; %d batches to "
-             "replay (%.3fs: %s)", runner.operator_id, snapshot.window if snapshot else None,
+    log.info("%s started: snapshot window %s, offset %d; log copy %s; standby %s; %d batches "
+             "to replay (%.3fs: %s)", runner.operator_id, snapshot.window if snapshot else None,
              offset, None if fetched is None else
              f"{fetched[0]}..{fetched[0] + len(fetched[2])}",
+             "none" if standby is None else f"window {standby.window}"
+             + (" adopted" if adopted is not None else " not continued by the state servers"),
              runner.recovered_batches, runner.recovery_seconds,
              ", ".join(f"{step} {seconds:.3f}s" for step, seconds in steps.items()))
     return snapshot is not None or bool(fetched and (fetched[2] or fetched[1]))

@@ -225,6 +225,20 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return worker_pb2.ReplicateResponse(next_offset=self.node.backups.replicate(request))
 
     @servicer_method
+    async def ShipState(
+        self, request: worker_pb2.ShipStateRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ShipStateResponse:
+        """Applies a primary's durable window to this holder's standby of the task."""
+        if not request.job_id or not request.primary:
+            raise InvalidArgument("job_id and primary must be set")
+        check_id(request.job_id, "job_id")
+        check_id(request.primary, "primary")
+        await self._check_listed(request.job_id, "state shipment")
+        self._check_container(request.job_id, request.task, request.partition)
+        await self.node.routing.reach(request.epoch, "state shipment")
+        return self.node.standbys.receive(request)
+
+    @servicer_method
     async def FetchContainer(  # type: ignore[override]
         self, request: worker_pb2.FetchContainerRequest, context: grpc.aio.ServicerContext
     ) -> None:

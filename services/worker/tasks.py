@@ -60,6 +60,7 @@ from services.worker.snapshots import (
     Persister,
     WindowSnapshot,
 )
+from services.worker.standby import Standby, StandbyShipper
 from services.worker.tracking import TaskTracking
 
 if TYPE_CHECKING:
@@ -135,6 +136,9 @@ class TaskRunner:
                 self.key, self.container, node_id, router.routing, router.channels,
                 backup_count, self.trim_bound, lambda: self.epoch,
             )
+        self.standby: StandbyShipper | None = None
+        """Ships durable windows to the backup holders' standbys (set by the node)."""
+        self.take_standby: Callable[[tuple[str, int, int]], Standby | None] = lambda key: None
         self.ready = asyncio.Event()
         self._rows: dict[Any, Any] = {}
         self._dead: list[DeadLetter] = []
@@ -186,6 +190,8 @@ class TaskRunner:
             group.create_task(self.persister.run(), name=f"persist {self.operator_id}")
             if self.replicator is not None:
                 group.create_task(self.replicator.run(), name=f"replicate {self.operator_id}")
+            if self.standby is not None:
+                group.create_task(self.standby.run(), name=f"ship state {self.operator_id}")
             if self.tracking is not None:
                 group.create_task(self._report_loop(), name=f"track {self.operator_id}")
                 group.create_task(self._flush_timer(), name=f"window timer {self.operator_id}")
@@ -420,6 +426,8 @@ class TaskRunner:
             await asyncio.sleep(0)  # the request is on its way
             crash_point(self.node_id, "window_persist")
             await write
+            if self.standby is not None:
+                self.standby.offer(snapshot.window, snapshot.parent, snapshot.header, chunks)
         finally:
             if not write.done():
                 write.cancel()
