@@ -1,7 +1,7 @@
 """Recovery as the keyed state grows: snapshot bytes per window, restore time,
 kill -> processing, kill -> a post-kill batch acknowledged, heartbeat gaps.
 
-For each state size (``--keys``, default 10k, 100k and 1M distinct keys) a
+For each state size (``--keys``, default 10k, 100k, 1M and 10M distinct keys) a
 supervised local cluster (3 workers, 2 state servers, 12 partitions) runs a
 keyed count (wordcount) that first receives every key once, then a steady
 load of updates to random keys (each window touches at most ``window_size``
@@ -13,7 +13,8 @@ records:
   compacted into the base), next to the whole state of one partition, which
   is what every window carried before snapshots became incremental;
 - restore: the longest per-task restore of a victim's counting partition
-  (read base + deltas, apply), from the new owners' logs;
+  (read base + deltas, apply; or adopt the warm standby and read what it
+  lacks), from the new owners' logs, and the share that adopted a standby;
 - processing: SIGKILL to every victim counting partition restored on its
   new owner (ready to process);
 - acked: SIGKILL to a probe batch acknowledged on every victim partition;
@@ -29,7 +30,7 @@ The job's results are checked against the reference at the end. Prints a
 table and writes ``recovery.txt`` and ``recovery.png`` to ``--out`` (a
 temporary directory unless given; never inside the repository).
 
-    .venv/bin/python bench/recovery.py [--keys 10000,100000,1000000] [--out DIR]
+    .venv/bin/python bench/recovery.py [--keys 10000,100000,1000000,10000000] [--out DIR]
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ WORDS_PER_LINE = 10
 _LAG = re.compile(r"^(\S+ \S+) .*event loop lag: worst (\d+\.\d+) s in the last \S+ s, "
                   r"(\d+\.\d+) s of it computing")
 _STARTED = re.compile(r"^(\S+ \S+) .*?/t1/p(\d+) started: snapshot window (\S+),"
+                      r".*?standby (none|window \d+ (?:adopted|not continued))"
                       r".*\((\d+\.\d+)s[:)]")
 
 
@@ -85,10 +87,11 @@ async def acked_time(client: Client, job_id: str, partitions: list[int], keys: d
 
 
 def restored_after(log_dir: Path, partitions: list[int], since_wall: float
-                   ) -> dict[int, tuple[float, float]]:
-    """partition -> (wall time, restore seconds) of the first restore of its
-    counting task from a snapshot after ``since_wall``, from the workers' logs."""
-    found: dict[int, tuple[float, float]] = {}
+                   ) -> dict[int, tuple[float, float, bool]]:
+    """partition -> (wall time, restore seconds, whether it adopted a standby)
+    of the first restore of its counting task from a snapshot after
+    ``since_wall``, from the workers' logs."""
+    found: dict[int, tuple[float, float, bool]] = {}
     for path in sorted(log_dir.glob("worker-*.log")):
         for line in path.read_text(errors="replace").splitlines():
             match = _STARTED.match(line)
@@ -98,7 +101,7 @@ def restored_after(log_dir: Path, partitions: list[int], since_wall: float
             partition = int(match[2])
             if wall >= since_wall and partition in partitions:
                 if partition not in found or wall < found[partition][0]:
-                    found[partition] = (wall, float(match[4]))
+                    found[partition] = (wall, float(match[5]), match[4].endswith("adopted"))
     return found
 
 
@@ -227,8 +230,10 @@ async def run_size(keys: int, seed: int, keep: Path | None = None) -> dict[str, 
             while len(restored) < len(owned) and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
                 restored = restored_after(log_dir, owned, wall)
-            figures["processing_s"] = max(w for w, _ in restored.values()) - wall
-            figures["restore_s"] = max(r for _, r in restored.values())
+            figures["processing_s"] = max(w for w, _, _ in restored.values()) - wall
+            figures["restore_s"] = max(r for _, r, _ in restored.values())
+            figures["standby_share"] = (sum(a for _, _, a in restored.values())
+                                        / max(1, len(restored)))
             feeding.clear()
             await load
             await wait_healthy(client, job_id, 3, timeout_s=300)
@@ -254,14 +259,14 @@ async def run_size(keys: int, seed: int, keep: Path | None = None) -> dict[str, 
 def table(rows: list[dict[str, float]]) -> str:
     head = (f"{'keys':>10}{'bytes/window':>14}{'max':>10}{'whole part.':>13}{'restore s':>11}"
             f"{'processing s':>14}{'acked s':>9}{'hb gap s':>10}{'loop lag s':>12}{'build s':>9}"
-            "  results")
+            f"{'standby':>9}  results")
     lines = [head]
     for r in rows:
         lines.append(
             f"{int(r['keys']):>10,}{r['window_mean']:>14,.0f}{r['window_max']:>10,.0f}"
             f"{r['whole_partition']:>13,.0f}{r['restore_s']:>11.3f}{r['processing_s']:>14.2f}"
             f"{r['acked_s']:>9.2f}{r['heartbeat_gap_s']:>10.2f}{r['loop_lag_s']:>12.2f}"
-            f"{r['build_s']:>9.1f}  "
+            f"{r['build_s']:>9.1f}{r['standby_share']:>9.0%}  "
             f"{'match' if r['matched'] else 'DIFFER'}")
     lines.append("heartbeat gap (s) by phase, build / steady / kill+recovery: " + ", ".join(
         f"{int(r['keys']):,}: {r['gap_build_s']:.2f} / {r['gap_steady_s']:.2f} / "
@@ -273,6 +278,8 @@ def table(rows: list[dict[str, float]]) -> str:
                  "(the rest: the machine not running the process): " + ", ".join(
                      f"{int(r['keys']):,}: {r['loop_held_s']:.2f} / "
                      f"{r['loop_held_recovery_s']:.2f}" for r in rows))
+    lines.append("standby: share of the victim's counting partitions whose new owner "
+                 "adopted its warm standby instead of reading the whole state")
     lines.append("bytes/window: stored window deltas of the counting task under the steady "
                  "load (mean, max); whole part.: one partition's whole state (what each "
                  "window carried before deltas)")
@@ -313,7 +320,7 @@ def plot(rows: list[dict[str, float]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--keys", default="10000,100000,1000000",
+    parser.add_argument("--keys", default="10000,100000,1000000,10000000",
                         help="comma-separated state sizes (distinct keys)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", type=Path, default=None,

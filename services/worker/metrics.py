@@ -1,7 +1,7 @@
 """Prometheus series of one worker, read from its live state at scrape time:
 per-task counters (labelled with the job, the task, its stages and the
-partition), ingest-to-sink latency, recoveries and restarts, tracking, losses
-and stalled writes."""
+partition), ingest-to-sink latency, recoveries and restarts, standby state,
+tracking, losses and stalled writes."""
 
 from __future__ import annotations
 
@@ -66,6 +66,14 @@ def node_metrics(node: WorkerNode) -> list[Metric]:
     recoveries = counter("gridstream_recoveries", "Tasks started from a snapshot or a "
                          "log copy taken over from another worker", [])
     recoveries.add_metric([], node.recoveries)
+    standby_keys = gauge("gridstream_standby_keys", "Keys of state this worker holds as "
+                         "warm standbys of the tasks it backs up", [])
+    standby_keys.add_metric([], node.standbys.keys_held)
+    standby = counter("gridstream_standby_events", "Standby events here: takeovers that "
+                      "adopted a standby (no whole-state read), and catch-ups read from "
+                      "the state servers after a missed window", ["event"])
+    standby.add_metric(["adopted"], node.standbys.taken)
+    standby.add_metric(["catch_up"], node.standbys.catch_ups)
     roots = gauge("gridstream_tracked_roots", "In-flight roots held by the trackers this "
                   "worker hosts", [])
     roots.add_metric([], node.trackers.roots_held)
@@ -103,8 +111,8 @@ def node_metrics(node: WorkerNode) -> list[Metric]:
             since = r.persister.failing_since
             stalled.add_metric([runtime.job_id, str(r.task_index), stage_label(r.chain.stages),
                                 str(r.partition)], 0.0 if since is None else now - since)
-    return [*families.values(), sink_latency, recoveries, roots, table_bytes, outcomes, lost,
-            restarts, failures, stalled]
+    return [*families.values(), sink_latency, recoveries, standby_keys, standby, roots,
+            table_bytes, outcomes, lost, restarts, failures, stalled]
 
 
 def stage_label(stages: Sequence[Stage]) -> str:

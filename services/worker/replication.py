@@ -3,7 +3,8 @@ nodes, so a restarted node restores its queues by JobContainerID".
 
 Primary side — :class:`Replicator`, one per container: appended batches are
 copied, in offset order and in groups, to the container's backup holders (the
-next ``backup_count`` workers on the ring after the owner). A holder that is
+``backup_count`` workers that would own the partition next, see
+:meth:`gridstream.routing.RoutingView.backups`). A holder that is
 new to the container first gets a full copy (``reset``). Only when every
 holder has an entry is it committed: the operator may take it and its sender
 is acknowledged.
