@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gridstream.examples.history_graph import reference
+
 
 @dataclass
 class HistoryVerdict:
@@ -93,3 +95,34 @@ def check_history(actual: dict[str, Any], sent: dict[str, int]) -> HistoryVerdic
         else:
             verdict.corrupt[key] = summary
     return verdict
+
+
+def check_graph_branches(tallies: dict[str, Any], raw: list[Any],
+                         values: list[Any]) -> list[str]:
+    """The other branches of the graph history job
+    (:mod:`gridstream.examples.history_graph`), compared per key with the
+    fault-free reference: every key's tally of the union of its odd and even
+    records, and every record once in the append sink. Returns one line per
+    problem (empty when both are exact); the fold branch is judged by
+    :func:`check_history`."""
+    expected = reference(values)
+    problems: list[str] = []
+    wrong = {k: (tallies.get(k), want) for k, want in expected["tallies"].items()
+             if tallies.get(k) != want}
+    extra = sorted(set(tallies) - set(expected["tallies"]))
+    if wrong or extra:
+        example = next(iter(wrong.items()), None)
+        problems.append(f"tallies: {len(wrong)} of {len(expected['tallies'])} keys differ "
+                        f"from the reference, {len(extra)} unexpected"
+                        + (f" (e.g. {example[0]}: {example[1][0]} instead of {example[1][1]})"
+                           if example else ""))
+    got = sorted(raw)
+    if got != expected["raw"]:
+        counts: dict[str, int] = {}
+        for record in got:
+            counts[str(record)] = counts.get(str(record), 0) + 1
+        doubled = sum(1 for n in counts.values() if n > 1)
+        missing = sum(1 for r in expected["raw"] if str(r) not in counts)
+        problems.append(f"raw: {len(got)} records instead of {len(expected['raw'])} "
+                        f"({missing} missing, {doubled} more than once)")
+    return problems

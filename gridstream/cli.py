@@ -215,7 +215,7 @@ async def _results(args: argparse.Namespace) -> int:
     from gridstream.client import Client
 
     async with Client(_scheduler_address(args), security=_security(args)) as client:
-        rows = await client.results(args.job_id)
+        rows = await client.results(args.job_id, sink=args.sink)
     if not rows:
         # Like `kubectl get` with nothing to list: say so on stderr, exit 0 (an
         # empty table is a state, not a failure), nothing for a pipe to read.
@@ -379,6 +379,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_client_flags(results)
     results.add_argument("job_id")
     results.add_argument("--limit", type=int, default=0, help="print at most this many rows")
+    results.add_argument("--sink", default=None,
+                         help="one sink's rows, without the sink's prefix (a job with several "
+                              "sinks stores each row under <sink>/<key>)")
     results.set_defaults(run=_results)
 
     dead = sub.add_parser(

@@ -47,6 +47,7 @@ from gridstream.ids import partition_for_key
 from gridstream.replicas import ReplicaClient
 from gridstream.retry import Backoff, RetryExhausted
 from gridstream.routing import RoutingView
+from gridstream.taskplan import sink_rows
 from gridstream.types import DeadLetter, RoutingTable
 from gridstream.v1 import (
     scheduler_pb2,
@@ -425,10 +426,21 @@ class Client(ControlCalls):
 
     # -- results ----------------------------------------------------------
 
-    async def results(self, job_id: str) -> dict[str, Any]:
+    async def results(self, job_id: str, sink: str | None = None) -> dict[str, Any]:
         """The job's sink table: {key: value}, merged from the state-server
-        replicas (the newest version of each key wins)."""
-        await self.job(job_id)  # NotFound for an unknown job
+        replicas (the newest version of each key wins).
+
+        A job with several sinks stores each sink's rows under
+        ``"<sink>/<key>"``: ``sink`` picks one sink's rows, with their keys as
+        that sink wrote them (without the prefix); left out, every row comes
+        back as stored. For a job with one sink, ``sink`` may name it and
+        changes nothing. An unknown sink name is InvalidArgument."""
+        info = await self.job(job_id)  # NotFound for an unknown job
+        if sink is not None:
+            try:
+                sink_rows(info.spec, {}, sink)
+            except KeyError as exc:
+                raise InvalidArgument(str(exc.args[0])) from None
         await self._state.routing.refresh()
         rows = await self._state.read_results(job_id)
         results: dict[str, Any] = {}
@@ -438,7 +450,7 @@ class Client(ControlCalls):
             except (ValueError, RecursionError):
                 raise DataLoss(f"job {job_id}: the stored value of key {short(key)} is not "
                                f"valid JSON ({short(value)})") from None
-        return results
+        return results if sink is None else sink_rows(info.spec, results, sink)
 
     async def dead_letters(self, job_id: str) -> list[DeadLetter]:
         """Records an operator raised on, with the stage, the record (as JSON

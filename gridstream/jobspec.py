@@ -34,8 +34,8 @@ sent to the job; none: the stage before it), one stream may feed several
 stages (fan-out), and there may be several sinks, each ``mode = "latest"``
 (one row per key) or ``"append"`` (every record). A stage's ``params`` table
 is passed to its function as keyword arguments. The cluster's workers run
-linear pipelines only (see :func:`check_cluster_runnable`);
-:func:`gridstream.testing.run_local` runs the whole graph in one process, and
+the whole graph (:mod:`gridstream.taskplan` cuts it into tasks);
+:func:`gridstream.testing.run_local` runs it in one process, and
 :mod:`gridstream.dataflow` builds graphs in Python.
 """
 
@@ -506,19 +506,15 @@ def check_imports(job: JobSpec, allowed: tuple[str, ...] | None = None) -> None:
 
 
 def plan_tasks(job: JobSpec) -> list[list[Stage]]:
-    """Cuts the pipeline into tasks: a new task starts at every keyed stage.
+    """The stages of each task (:func:`gridstream.taskplan.plan_graph`): a new
+    task starts at every keyed stage, union and reader of a fan-out.
 
     Task 0 receives the source records; it may be empty (pass-through) when
-    the first stage is keyed. Linear jobs only (:func:`is_linear`): a graph
-    is refused at submit by :func:`check_cluster_runnable`.
+    the first stage is keyed. A linear pipeline plans as it always did.
     """
-    tasks: list[list[Stage]] = [[]]
-    for stage in job.stages:
-        if stage.keyed:
-            tasks.append([stage])
-        else:
-            tasks[-1].append(stage)
-    return tasks
+    from gridstream.taskplan import plan_graph  # it builds on this module
+
+    return [list(task.stages) for task in plan_graph(job).tasks]
 
 
 def from_mapping(data: dict[str, Any], source: str = "job") -> JobSpec:

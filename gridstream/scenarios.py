@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from gridstream.chaos import detection_time
-from gridstream.checker import HistoryVerdict, check_history
+from gridstream.checker import HistoryVerdict, check_graph_branches, check_history
 from gridstream.client import Client
 from gridstream.config import Config
 from gridstream.errors import DataLoss, DeadlineExceeded, GridstreamError, Unavailable
-from gridstream.examples import history
+from gridstream.examples import history, history_graph
 from gridstream.faultproxy import FaultProxy
 from gridstream.local import LocalCluster
 from gridstream.retry import retry
@@ -99,6 +99,9 @@ class HistoryRun:
     state_keys: int = 0
     """Keys of state loaded before the faults (see ``run_history``)."""
     seconds: float = 0.0
+    branches: list[str] = field(default_factory=list)
+    """A graph run (``run_history(..., graph=True)``): what the other
+    branches got wrong against the reference (empty when exact)."""
 
     def table(self) -> str:
         """Faults with detection and resume times, then the verdict."""
@@ -119,6 +122,7 @@ class HistoryRun:
         state = f" over {self.state_keys:,} keys of loaded state" if self.state_keys else ""
         lines.append(f"{self.records:,} records in {self.seconds:.1f} s{state}; "
                      f"{self.verdict.summary()}")
+        lines += [f"graph branch wrong: {problem}" for problem in self.branches]
         if self.losses:
             lines.append("named losses: " + "; ".join(self.losses))
         if self.undrained:
@@ -217,6 +221,7 @@ async def run_history(
     tracking_timeout_s: float = 0.0,
     isolate: bool = False,
     state_keys: int = 0,
+    graph: bool = False,
 ) -> HistoryRun:
     """Runs the history job on a fresh supervised local cluster through the
     scenario; returns the faults and the checker's verdict.
@@ -224,10 +229,16 @@ async def run_history(
     With ``state_keys``, that many other keys (one record each) are sent and
     drained before the stream starts, so every fault lands on tasks holding
     that much keyed state: their restores read it back, and the checker
-    judges those keys too."""
+    judges those keys too.
+
+    With ``graph``, the job is :mod:`gridstream.examples.history_graph` (a
+    fan-out to three branches, a union, three sinks): its fold is judged as
+    the history job's, and its other branches per key against the
+    fault-free reference (``HistoryRun.branches``)."""
     rng = random.Random(seed)
     send_keys, values = history.generate(records, keys, seed)
     sent = history.sent_counts(values)
+    send_keys_set = set(sent)
     run = HistoryRun(records=len(values), state_keys=state_keys)
     cluster = LocalCluster(run_dir, config, workers=workers, state_servers=2, supervise=True,
                            restart_delay_s=1.0, extra_env=extra_env)
@@ -239,7 +250,7 @@ async def run_history(
             stack.push_async_callback(proxy.close)
         client = await stack.enter_async_context(
             Client(cluster.scheduler_address, batch_size=250, security=cluster.config.security))
-        spec = history.job()
+        spec = history_graph.job() if graph else history.job()
         if tracking_timeout_s:
             spec = replace(spec, tracking_timeout_s=tracking_timeout_s)
         job_id = await client.submit(spec)
@@ -274,7 +285,13 @@ async def run_history(
             run.undrained = str(exc)
             run.losses = list((await client.progress(job_id)).losses)
         run.seconds = time.monotonic() - started
-        actual = await client.results(job_id)
+        actual = await client.results(job_id, sink="folds" if graph else None)
+        if graph:
+            raw = await client.results(job_id, sink="raw")
+            loaded = [[name, 1] for name in sent if name not in send_keys_set]
+            run.branches = check_graph_branches(
+                await client.results(job_id, sink="tallies"), list(raw.values()),
+                loaded + values)
         events = await _dead_events(client, wall_started)
     # Every member a fault hit may be declared dead (a killed state server that
     # restarts before the detector convicts it is recorded dead as restarted).

@@ -26,23 +26,19 @@ from gridstream.dataflow import Dataflow
 from gridstream.deadletters import encode_error, encode_record
 from gridstream.ids import batch_identity, key_text, partition_for_key, task_channel
 from gridstream.jobspec import (
-    SOURCE,
     JobSpec,
-    Stage,
     allow_job_modules,
     allowed_job_modules,
     check_allowed_path,
-    effective_inputs,
-    is_linear,
-    resolve,
     validate,
 )
+from gridstream.taskplan import TaskPlan, plan_graph
 from gridstream.types import DeadLetter
 from gridstream.validation import check_nesting
+from services.worker.edges import Outbound
 from services.worker.operators import DeadLetter as StoredDeadLetter
 from services.worker.operators import OperatorChain
 from services.worker.peers import PeerRouter
-from services.worker.shuffle import Shuffle
 
 SOURCE_CHANNEL = "src/local"
 """The channel of the sent records (a client's is ``src/<producer>``)."""
@@ -106,7 +102,6 @@ class _Batch:
     batch_id: str
     keys: list[Any] | None
     values: list[Any]
-    upstream: str = SOURCE
 
 
 class _NoRouter:
@@ -164,69 +159,46 @@ def _allowing(modules: tuple[str, ...]) -> Iterator[None]:
         allow_job_modules(previous)
 
 
-def _task_indices(job: JobSpec) -> dict[str, int]:
-    """Each stage's task as the cluster numbers them: a keyed stage starts
-    the next task (for a linear job, the index of :func:`plan_tasks`)."""
-    tasks = {SOURCE: 0}
-    for stage, inputs in zip(job.stages, effective_inputs(job), strict=True):
-        tasks[stage.name] = max(tasks[n] for n in inputs) + (1 if stage.keyed else 0)
-    return tasks
-
-
 class _Run:
-    """One run: the chains of every (stage, partition), the shuffles of every
-    edge into a keyed stage, and what the sinks and dead letters received."""
+    """One run: the chain and the outbound edges of every (task, partition) of
+    the cluster's plan (:func:`gridstream.taskplan.plan_graph`), and what the
+    sinks and dead letters received."""
 
-    def __init__(self, job: JobSpec, partitions: int) -> None:
+    def __init__(self, job: JobSpec) -> None:
         self.job = job
-        self.partitions = partitions
-        self.tasks = _task_indices(job)
+        self.plan = plan_graph(job)
         self.dead: list[StoredDeadLetter] = []
         self.sinks = {s.name: TestSink(s.name, s.mode) for s in job.stages if s.kind == "sink"}
-        self._chains: dict[tuple[str, int], OperatorChain] = {}
-        self._shuffles: dict[tuple[str, str, int], Shuffle] = {}
-        self._linear = is_linear(job)
+        self._chains: dict[tuple[int, int], OperatorChain] = {}
+        self._outbound: dict[tuple[int, int], Outbound] = {}
 
-    def chain(self, stage: Stage, partition: int) -> OperatorChain:
-        """The stage's operator in one partition (keyed state is per partition)."""
-        found = self._chains.get((stage.name, partition))
+    def chain(self, task: TaskPlan, partition: int) -> OperatorChain:
+        """The task's operator chain in one partition (keyed state is per partition)."""
+        found = self._chains.get((task.index, partition))
         if found is None:
-            where = f"job {self.job.name}, task {self.tasks[stage.name]}"
-            found = self._chains[(stage.name, partition)] = OperatorChain([stage], where)
+            where = f"job {self.job.name}, task {task.index}"
+            found = self._chains[(task.index, partition)] = OperatorChain(
+                list(task.stages), where)
         return found
 
-    def shuffle(self, stage: Stage, batch: _Batch) -> list[_Batch]:
-        """A batch on its way into a keyed stage, keyed and split by partition
-        by the worker's shuffle; one batch per segment, as the receiving
-        container names it."""
-        edge = (batch.upstream, stage.name, batch.partition)
-        shuffle = self._shuffles.get(edge)
-        upstream_task = self.tasks[batch.upstream]
-        if shuffle is None:
-            channel = task_channel(upstream_task, batch.partition)
-            if not self._linear:
-                channel = f"{channel}/{batch.upstream}"  # one channel per edge of a graph
-            key_fn = resolve(stage.key, f"job {self.job.name}, stage {stage.name}, key")
-            shuffle = self._shuffles[edge] = Shuffle(
-                self.job.name, self.tasks[stage.name], stage.name, self.partitions, key_fn,
-                channel, cast(PeerRouter, _NoRouter()), DEFAULT_BATCH_SIZE)
-        out = []
-        for segment in shuffle.split(batch.values, batch.batch_id, self.dead):
-            keys, values = decode_batch(segment.encode())
-            out.append(_Batch(segment.partition,
-                              batch_identity(self.tasks[stage.name], segment.partition,
-                                             segment.channel, segment.sequence), keys, values))
-        return out
+    def outbound(self, task: TaskPlan, partition: int) -> Outbound:
+        """The task's edges in one partition, numbering segments as a worker does."""
+        found = self._outbound.get((task.index, partition))
+        if found is None:
+            found = self._outbound[(task.index, partition)] = Outbound.of_task(
+                self.job.name, self.job, task.index, partition,
+                task_channel(task.index, partition), cast(PeerRouter, _NoRouter()),
+                DEFAULT_BATCH_SIZE)
+        return found
 
-    def process(self, stage: Stage, batches: list[_Batch]) -> list[_Batch]:
-        """Runs the stage over its input batches in order; its output batches."""
-        if stage.keyed:
-            batches = [b for batch in batches for b in self.shuffle(stage, batch)]
-        out = []
+    def process(self, task: TaskPlan, batches: list[_Batch]) -> dict[int, list[_Batch]]:
+        """Runs the task over its input batches in order; the batches its edges
+        send, per destination task, named as the receiving containers name them."""
+        out: dict[int, list[_Batch]] = {}
         for batch in batches:
+            chain = self.chain(task, batch.partition)
             try:
-                result = self.chain(stage, batch.partition).process(
-                    batch.keys, batch.values, batch.batch_id)
+                result = chain.process(batch.keys, batch.values, batch.batch_id)
             except Exception as exc:  # as a worker dead-letters a batch it cannot run
                 keys = batch.keys or [None] * len(batch.values)
                 self.dead.extend((f"{batch.batch_id}:<task>:{i}", "<task>",
@@ -234,15 +206,21 @@ class _Run:
                                  for i, (k, v) in enumerate(zip(keys, batch.values, strict=True)))
                 continue
             self.dead.extend(result.dead_letters)
-            if stage.kind == "sink":
-                sink = self.sinks[stage.name]
+            if chain.has_sink:
+                sink = self.sinks[task.stages[-1].name]
                 for key, value in result.sink_rows.items():
                     stored = json.loads(row_json(value))
                     sink.rows[key if isinstance(key, str) else key_text(key)] = stored
                     sink.records.append(stored)
-            else:
-                out.append(_Batch(batch.partition, batch.batch_id, result.keys, result.values,
-                                  stage.name))
+            elif result.values:
+                segments = self.outbound(task, batch.partition).split(
+                    result.keys, result.values, batch.batch_id, self.dead)
+                for segment in segments:
+                    wire_keys, wire_values = decode_batch(segment.encode())
+                    out.setdefault(segment.task, []).append(_Batch(
+                        segment.partition, batch_identity(segment.task, segment.partition,
+                                                          segment.channel, segment.sequence),
+                        wire_keys, wire_values))
         return out
 
 
@@ -276,11 +254,12 @@ def run_local(job: JobSpec | Dataflow, inputs: TestSource | Sequence[Any], *,
             if path:
                 check_allowed_path(path, f"job {job.name}, stage {stage.name}", allowed)
     with _allowing(allowed):
-        run = _Run(job, parts)
-        outputs: dict[str, list[_Batch]] = {SOURCE: source_batches(spec, parts)}
-        for stage, names in zip(job.stages, effective_inputs(job), strict=True):
-            batches = [b for name in names for b in outputs[name]]
-            outputs[stage.name] = run.process(stage, sorted(batches, key=_partition))
+        run = _Run(job.with_defaults(parts, 1))
+        inbox: dict[int, list[_Batch]] = {0: source_batches(spec, parts)}
+        for task in run.plan.tasks:  # an edge goes to a later task: every input is ready
+            sent = run.process(task, sorted(inbox.pop(task.index, []), key=_partition))
+            for destination, batches in sent.items():
+                inbox.setdefault(destination, []).extend(batches)
     return LocalResult(run.sinks, [DeadLetter.from_stored(*d) for d in run.dead])
 
 

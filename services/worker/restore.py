@@ -98,9 +98,7 @@ async def restore_task(runner: TaskRunner) -> bool:
         await apply_stored(runner.chain, snapshot)
         steps["apply"] = time.monotonic() - applying
         runner.persister.head = window
-        if runner.shuffle is not None:
-            runner.shuffle.sequences = {int(p): int(s) for p, s in
-                                        saved["out_sequences"].items()}
+        runner.outbound.restore(saved)  # every edge's sequences
         runner.window.window = window + 1
         offset = int(saved["offset"])
         in_sequences = dict(saved["in_sequences"])

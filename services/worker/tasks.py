@@ -38,10 +38,12 @@ from gridstream.ids import (
     task_channel,
     tuple_id,
 )
-from gridstream.jobspec import JobSpec, Stage, resolve
+from gridstream.jobspec import JobSpec, Stage
 from gridstream.metrics import Histogram
 from gridstream.retry import Backoff
+from gridstream.taskplan import sink_row_prefix
 from gridstream.v1 import common_pb2
+from services.worker.edges import Outbound
 from services.worker.operators import (
     TRACEBACKS_PER_BATCH,
     ChainResult,
@@ -53,7 +55,6 @@ from services.worker.peers import Commit, OutSegment, PeerRouter, StateClient
 from services.worker.queues import Entry, JobContainer, LostRange
 from services.worker.replication import Replicator
 from services.worker.restore import restore_task
-from services.worker.shuffle import Shuffle
 from services.worker.snapshots import (
     LatestSnapshot,
     PendingSnapshot,
@@ -61,6 +62,7 @@ from services.worker.snapshots import (
     WindowSnapshot,
 )
 from services.worker.standby import Standby, StandbyShipper
+from services.worker.taskprogress import task_progress
 from services.worker.tracking import TaskTracking
 
 if TYPE_CHECKING:
@@ -111,14 +113,11 @@ class TaskRunner:
         )
         stages = tasks[task_index]
         self.chain = OperatorChain(stages, f"job {spec.name}, task {task_index}")
-        self.shuffle: Shuffle | None = None
-        if task_index + 1 < len(tasks):
-            nxt = tasks[task_index + 1][0]
-            self.shuffle = Shuffle(
-                job_id, task_index + 1, nxt.name, spec.partitions,
-                resolve(nxt.key, f"job {spec.name}, stage {nxt.name}, key"),
-                task_channel(task_index, partition), router, batch_records,
-            )
+        self.outbound = Outbound.of_task(job_id, spec, task_index, partition,
+                                         task_channel(task_index, partition), router,
+                                         batch_records)
+        """Every edge the task's output goes on (none for a task ending in a sink)."""
+        self.row_prefix = sink_row_prefix(spec, stages)
         self.state_client = state
         self.fetch_log = fetch_log
         self.window_size = spec.window_size
@@ -272,12 +271,12 @@ class TaskRunner:
             result, segments = self._run_batch(entry, batch_id)
             dead = result.dead_letters
             ingest = entry.batch.ingest_unix_s if entry.batch is not None else 0.0
-            if segments and self.shuffle is not None:
+            if segments:
                 for segment in segments:
                     segment.root = entry.root
                     segment.encode().ingest_unix_s = ingest  # encoded by split already
                 self.outbound_pending = len(segments)
-                await self.shuffle.deliver(segments)
+                await self.outbound.deliver(segments)
                 crash_point(self.node_id, "after_emit")
                 self.outbound_pending = 0
                 self.records_out += sum(len(s.values) for s in segments)
@@ -314,8 +313,9 @@ class TaskRunner:
         try:
             result = self.chain.process(entry.keys, entry.values, batch_id)
             segments: list[OutSegment] = []
-            if self.shuffle is not None and result.values:
-                segments = self.shuffle.split(result.values, batch_id, result.dead_letters)
+            if result.values:
+                segments = self.outbound.split(result.keys, result.values, batch_id,
+                                               result.dead_letters)
             return result, segments
         except Exception as exc:  # any error of one batch is contained
             error = f"{type(exc).__name__}: {safe_text(exc)}"  # for the log
@@ -336,6 +336,7 @@ class TaskRunner:
         to dead letters with its error (deterministic on replay)."""
         keys = entry.keys or [None] * entry.count
         out = ChainResult(None, [], dead_letters=[])
+        keys_out: list[list[Any] | None] = []  # a forward edge keeps the records' keys
         for i, (key, value) in enumerate(zip(keys, entry.values, strict=True)):
             one = Entry(entry.offset, entry.channel, entry.sequence,
                         None if entry.keys is None else [key], [value])
@@ -345,13 +346,17 @@ class TaskRunner:
                 out.dead_letters.append((f"{batch_id}:<task>:{i}", "<task>", encode_record(
                     key, value), encode_error(exc, len(out.dead_letters) < TRACEBACKS_PER_BATCH)))
                 continue
+            if part.values:
+                keys_out.append(part.keys)
             out.values.extend(part.values)
             out.sink_rows.update(part.sink_rows)
             out.dead_letters.extend(part.dead_letters)
+        if entry.keys is not None and all(k is not None for k in keys_out):
+            out.keys = [k for part_keys in keys_out for k in part_keys or ()]
         segments: list[OutSegment] = []
-        if self.shuffle is not None and out.values:
+        if out.values:
             try:  # keys are checked record by record inside split
-                segments = self.shuffle.split(out.values, batch_id, out.dead_letters)
+                segments = self.outbound.split(out.keys, out.values, batch_id, out.dead_letters)
             except Exception as exc:
                 return self._dead_batch(entry, batch_id, encode_error(exc)), []
         return out, segments
@@ -388,7 +393,7 @@ class TaskRunner:
         header = codec.pack({
             "window": self.window.window,
             "offset": offset,
-            "out_sequences": dict(self.shuffle.sequences) if self.shuffle else {},
+            **self.outbound.header(),
             "in_sequences": self.container.sequences_below(offset),
             "functions": self.functions,
             "batches": self.window.batches,
@@ -406,7 +411,8 @@ class TaskRunner:
         items = list(rows.items())
         chunk = 5_000
         for start in range(0, max(len(items), 1), chunk):
-            part = [[_row_key(k), row_json(v)] for k, v in items[start:start + chunk]]
+            part = [[self.row_prefix + _row_key(k), row_json(v)]
+                    for k, v in items[start:start + chunk]]
             dead_part = dead if start == 0 else []
             if part or dead_part:
                 self._row_version = max(self._row_version + 1,
@@ -555,43 +561,7 @@ class TaskRunner:
 
     def progress(self, node_id: str) -> common_pb2.TaskProgress:
         """Counters for the scheduler's drain check and for status displays."""
-        return common_pb2.TaskProgress(
-            task=self.task_index,
-            partition=self.partition,
-            records_in=self.container.records_in,
-            records_processed=self.records_processed,
-            records_out=self.records_out,
-            queue_batches=self.container.pending_batches + (0 if self.ready.is_set() else 1),
-            queue_records=self.container.pending_records,
-            outbound_pending=self.outbound_pending,
-            windows_persisted=self.persister.windows_persisted,
-            persist_pending=self.persister.pending + len(self._rows) + len(self._dead),
-            dead_letters=self.dead_letters,
-            node_id=node_id,
-            replicated_epoch=(self.replicator.synced_epoch if self.replicator is not None
-                              else self.epoch_now()),
-            invocations=self.invocations,
-            batches_replayed=self.recovered_batches,
-            records_replayed=self.recovered_records,
-            batches_lost=sum(lost.last - lost.first + 1 for lost in self.container.losses),
-            losses=[lost.describe(self.container.container_id)
-                    for lost in self.container.losses],
-            restarts=self.restarts,
-            last_error=self.last_error or (self.persister.last_error
-                                           if self.persister.failing_since is not None else ""),
-            **self._tracking_progress(),
-        )
-
-    def _tracking_progress(self) -> dict[str, int]:
-        tracking = self.tracking
-        if tracking is None:
-            return {}
-        return {
-            "roots_pending": tracking.roots_pending if tracking.is_source else 0,
-            "roots_finished": tracking.figures.roots_finished,
-            "roots_failed": tracking.figures.roots_failed,
-            "roots_abandoned": tracking.figures.roots_abandoned if tracking.is_source else 0,
-        }
+        return task_progress(self, node_id)
 
     def epoch_now(self) -> int:
         """The worker's current routing epoch."""

@@ -1,0 +1,127 @@
+"""How a job's graph is cut into tasks, and where each task's output goes.
+
+A *task* is a chain of stages that runs in one JobContainer and one
+JobOperator per partition. A stage joins the task of its input when records
+can flow into it without leaving the partition's chain: it is not keyed, it
+reads one input, and that input feeds no other stage. Otherwise it starts a
+task of its own:
+
+- a keyed stage (``reduce``, ``stateful``): records shuffle by key;
+- a stage with several inputs (a union): each input's task sends to it;
+- a reader of a stage that feeds several (a fan-out): the output goes to
+  every reader's task.
+
+Task 0 receives the sent records; it is empty (a pass-through) when the
+first stage does not join it. Tasks are numbered in the order their first
+stage is listed, so an edge always goes to a higher task. Each task lists
+its outbound :class:`Edge` s: the task it sends to, and whether the records
+shuffle by the destination stage's key (keyed) or stay in their partition
+with their key (forward). Only a task's last stage has readers outside the
+task, so its output is the task's output, sent on every edge.
+
+A linear pipeline plans exactly as before graphs existed: a task at every
+keyed stage, one keyed edge from each task to the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gridstream.jobspec import SOURCE, JobSpec, Stage, effective_inputs
+
+
+@dataclass(frozen=True)
+class Edge:
+    """Where one task's output goes."""
+
+    task: int
+    """The destination task."""
+    stage: Stage
+    """The destination task's first stage (a keyed one names the key function)."""
+
+    @property
+    def keyed(self) -> bool:
+        """True when records shuffle by the destination stage's key; False for a
+        forward edge, which keeps each record in its partition with its key."""
+        return self.stage.keyed
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """One task: its chained stages, the tasks that send to it, its edges."""
+
+    index: int
+    stages: tuple[Stage, ...]
+    inputs: tuple[int, ...]
+    """Tasks with an edge into this one (none for task 0, which the sent
+    records feed)."""
+    edges: tuple[Edge, ...]
+    """Where the task's output goes, in the order the readers are listed."""
+
+
+@dataclass(frozen=True)
+class GraphPlan:
+    """The tasks of a job, task 0 first."""
+
+    tasks: tuple[TaskPlan, ...]
+    sinks: tuple[str, ...]
+    """The job's sinks, in the order listed."""
+
+    def task_of(self, stage: str) -> int:
+        """The task a stage runs in."""
+        for task in self.tasks:
+            if any(s.name == stage for s in task.stages):
+                return task.index
+        raise KeyError(stage)
+
+
+def plan_graph(job: JobSpec) -> GraphPlan:
+    """Cuts ``job`` (validated) into tasks and edges; see the module docstring."""
+    inputs = effective_inputs(job)
+    readers: dict[str, int] = {}
+    for names in inputs:
+        for name in names:
+            readers[name] = readers.get(name, 0) + 1
+    task_of = {SOURCE: 0}
+    stages: list[list[Stage]] = [[]]
+    edges: list[list[Edge]] = [[]]
+    feeds: list[list[int]] = [[]]
+    for stage, names in zip(job.stages, inputs, strict=True):
+        if not stage.keyed and len(names) == 1 and readers[names[0]] == 1:
+            task = task_of[names[0]]
+            stages[task].append(stage)
+        else:
+            task = len(stages)
+            stages.append([stage])
+            edges.append([])
+            feeds.append([])
+            for name in names:
+                edges[task_of[name]].append(Edge(task, stage))
+                feeds[task].append(task_of[name])
+        task_of[stage.name] = task
+    tasks = tuple(TaskPlan(i, tuple(stages[i]), tuple(feeds[i]), tuple(edges[i]))
+                  for i in range(len(stages)))
+    return GraphPlan(tasks, tuple(s.name for s in job.stages if s.kind == "sink"))
+
+
+def sink_row_prefix(job: JobSpec, stages: tuple[Stage, ...] | list[Stage]) -> str:
+    """What a task's sink rows are stored under in the job's results table:
+    ``"<sink>/"`` when the job has several sinks (rows of different sinks
+    then never share a key), nothing when it has one (as before graphs)."""
+    sinks = [s.name for s in job.stages if s.kind == "sink"]
+    if len(sinks) < 2 or not stages or stages[-1].kind != "sink":
+        return ""
+    return f"{stages[-1].name}/"
+
+
+def sink_rows(job: JobSpec, rows: dict[str, object], sink: str) -> dict[str, object]:
+    """One sink's rows out of a job's results table (keys without the sink's
+    prefix); raises KeyError naming the sinks for a name that is not one."""
+    sinks = [s.name for s in job.stages if s.kind == "sink"]
+    if sink not in sinks:
+        raise KeyError(f"job {job.name} has no sink {sink!r}; its sinks are "
+                       f"{', '.join(sinks)}")
+    if len(sinks) < 2:
+        return dict(rows)
+    prefix = f"{sink}/"
+    return {key[len(prefix):]: value for key, value in rows.items() if key.startswith(prefix)}
