@@ -445,20 +445,12 @@ def is_linear(job: JobSpec) -> bool:
 
 
 def check_cluster_runnable(job: JobSpec) -> None:
-    """Refuses (InvalidArgument) a graph the cluster's workers cannot run yet:
-    they run linear pipelines with one sink at the end (:func:`plan_tasks`).
-    The scheduler checks it at submit, so such a job fails there, saying
-    where a graph can run, rather than on the workers."""
-    if is_linear(job):
-        return
-    sinks = [s.name for s in job.stages if s.kind == "sink"]
-    why = (f"sinks {', '.join(sinks)}" if len(sinks) > 1 else "stages that do not each "
-           "read the one before")
-    raise InvalidArgument(
-        f"job {job.name} is a dataflow graph ({why}); this cluster runs linear pipelines "
-        "(each stage reads the one before it, one sink at the end). The local runner "
-        "(gridstream.testing.run_local) runs the whole graph in one process; on the "
-        "cluster, submit each branch as a linear job")
+    """Checks that the cluster's workers can run the job's shape: they run any
+    graph :func:`validate` accepts (linear pipelines, branches, unions,
+    several sinks), cut into tasks by :func:`plan_tasks`, so this only makes
+    sure the plan can be made (the scheduler checks it at submit)."""
+    validate(job)
+    plan_tasks(job)
 
 
 def resolve(path: str, where: str, allowed: tuple[str, ...] | None = None
