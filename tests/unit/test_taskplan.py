@@ -150,3 +150,28 @@ def test_the_window_header_carries_every_edge_and_restore_puts_them_back() -> No
     restored.restore(codec.unpack(codec.pack(single.header())))
     assert restored.edges[0].sequences == single.edges[0].sequences
     assert Outbound([]).header() == {"out_sequences": {}}
+
+
+def test_a_tree_over_several_edges_completes_only_when_every_child_is_processed() -> None:
+    from gridstream.ids import tuple_id
+    from services.worker.tracking import TaskTracking
+
+    root = tuple_id(0, 1, "src/p", 1)
+    source = TaskTracking(is_source=True)
+    source.retain(0, root)
+    segments = _outbound(0).split(["k1", "k2"], ["a", "b"], "b#1", [])
+    assert len({s.task for s in segments}) == 3  # a tree that branches
+    children = [tuple_id(s.task, s.partition, s.channel, s.sequence) for s in segments]
+    source.processed(0, root, children)
+    check = root  # the registration
+    check ^= source.unreported[0][1]
+    downstream = []
+    for n, child in enumerate(children):
+        task = TaskTracking(is_source=False)
+        task.retain(n, root)
+        task.processed(n, child, [])
+        downstream.append(task.unreported[n][1])
+    for value in downstream:
+        assert check != 0  # a child on some edge not yet processed keeps the tree open
+        check ^= value
+    assert check == 0  # every batch of every edge seen twice
