@@ -38,7 +38,7 @@ from services.worker.queues import Entry, JobContainer, OwnerFenced
 from services.worker.replication import BackupStore, ContainerKey, to_log_entry
 from services.worker.standby import StandbyStore
 from services.worker.tasks import FetchedLog, TaskRunner
-from services.worker.trackers import TrackerHost, TrackerLayout, TrackingReporter, pack, unpack
+from services.worker.trackers import TrackerHost, TrackerLayout, TrackingReporter
 
 FETCH_TIMEOUT_S = 10.0
 FETCH_DEADLINE_S = 30.0
@@ -276,46 +276,6 @@ class WorkerNode:
                 moved = old.moved(new, tracking.pending)
                 if moved:
                     runner.request_rebuild(moved)
-
-    async def tracking_events(
-        self, request: worker_pb2.TrackingEventsRequest
-    ) -> worker_pb2.TrackingEventsResponse:
-        """Hands a tracker's events to this worker's tasks of the job and, for a
-        rebuild, sums their contributions."""
-        await self.routing.reach(request.epoch, f"tracking events of job {request.job_id}")
-        self.trackers.heard_completed(request.job_id, unpack(request.completed))
-        known = pack(self.trackers.known_completed(request.job_id, unpack(request.collect)))
-        runtime = self.jobs.get(request.job_id)
-        if runtime is None:
-            return worker_pb2.TrackingEventsResponse(complete=True, known_completed=known)
-        completed = unpack(request.completed).tolist()
-        failed = unpack(request.failed).tolist()
-        abandoned = unpack(request.abandoned).tolist()
-        collect = {int(r) for r in unpack(request.collect)}
-        owners = self.routing.owners.get(request.job_id, [])
-        epoch = self.routing.epoch
-        owned = [(task, partition) for partition, owner in enumerate(owners)
-                 if owner == self.node_id for task in range(len(runtime.tasks))]
-        complete = all(k in runtime.runners and runtime.runners[k].ready.is_set() for k in owned)
-        contributions: dict[int, int] = {}
-        through: dict[str, int] = {}
-        sources: set[int] = set()
-        for (_, partition), runner in list(runtime.runners.items()):
-            if partition >= len(owners) or owners[partition] != self.node_id:
-                continue  # a task about to stop: its successor answers for it
-            if not runner.ready.is_set():
-                complete = False
-                continue
-            mine, sequence, pending = await runner.tracking_events(completed, failed, collect,
-                                                                   abandoned)
-            for root, value in mine.items():
-                contributions[root] = contributions.get(root, 0) ^ value
-            through[runner.reporter_id] = sequence
-            sources |= pending
-        pairs = [x for root, value in contributions.items() for x in (root, value)]
-        return worker_pb2.TrackingEventsResponse(
-            contributions=pack(pairs), complete=complete, reported_through=through,
-            source_pending=pack(sorted(sources)), epoch=epoch, known_completed=known)
 
     async def _stop_task(self, runtime: JobRuntime, key: tuple[int, int]) -> None:
         """Stops a task whose partition moved away; its container stays readable

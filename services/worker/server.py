@@ -32,6 +32,7 @@ from gridstream.validation import (
 from services.worker.node import WorkerNode
 from services.worker.queues import ContainerClosed
 from services.worker.tasks import TaskRunner
+from services.worker.tracker_answers import answer_tracking_events
 
 _MARGIN_S = 0.2
 
@@ -295,4 +296,4 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         for name in ("completed", "failed", "collect"):
             if len(getattr(request, name)) % 8:
                 raise InvalidArgument(f"{name} must be a little-endian uint64 array")
-        return await self.node.tracking_events(request)
+        return await answer_tracking_events(self.node, request)

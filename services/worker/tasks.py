@@ -528,13 +528,14 @@ class TaskRunner:
     async def tracking_events(
         self, completed: list[int], failed: list[int], collect: set[int],
         abandoned: list[int] | None = None,
-    ) -> tuple[dict[int, int], int, set[int]]:
+    ) -> tuple[dict[int, int], int, set[int], set[int]]:
         """Applies a tracker's events. Returns, for ``collect``, this task's
-        contributions, the sequence of its last report they include, and which
-        of the roots it holds pending as their source."""
+        contributions, the sequence of its last report they include, which
+        of the roots it holds pending as their source, and which it holds a
+        batch of not yet reported (in progress)."""
         tracking = self.tracking
         if tracking is None:
-            return {}, 0, set()
+            return {}, 0, set(), set()
         if abandoned:
             count = tracking.finished(abandoned, abandoned=True)
             if count and tracking.is_source:
@@ -552,12 +553,12 @@ class TaskRunner:
             # by the recovery of whichever task holds it (docs/recovery.md).
             tracking.figures.roots_failed += sum(1 for r in failed if r in tracking.pending)
         if not collect:
-            return {}, 0, set()
+            return {}, 0, set(), set()
         async with self.tracking_lock:
             contributions = tracking.contributions(collect)
             through = tracking.sequence
         sources = {r for r in collect if r in tracking.pending} if tracking.is_source else set()
-        return contributions, through, sources
+        return contributions, through, sources, tracking.in_progress(collect)
 
     def progress(self, node_id: str) -> common_pb2.TaskProgress:
         """Counters for the scheduler's drain check and for status displays."""

@@ -53,7 +53,9 @@ HANDOFF_TIMEOUT_S = 2.0
 """How long one tick waits for moved roots to reach their new trackers."""
 MAX_ROOT_FAILURES = 3
 """Timeouts after which a root whose rebuilds never complete it is abandoned
-(logged at ERROR and reported as data loss), so no root times out forever."""
+(logged at ERROR and reported as data loss), so no root times out forever.
+Only timeouts in a row at which no task held a batch of the root still on
+its way count: a root behind a backlog is slow, not lost."""
 COMPLETIONS_KEPT_S = 60.0
 """How long a worker remembers the roots it knows completed (at least twice a
 job's tracking timeout): far longer than a restore takes, since a restored
@@ -456,6 +458,10 @@ class TrackerHost:
         finished = round_.finished()
         for root in finished:
             values.pop(root)
+        for root in round_.in_progress.intersection(values):
+            # A batch of it is still on its way (a backlog, persistence
+            # behind): its timeouts so far say nothing of a loss.
+            self._failures.pop((job_id, root), None)
         if values:
             ids = np.fromiter(values, dtype=np.uint64, count=len(values))
             vals = np.fromiter(values.values(), dtype=np.uint64, count=len(values))
@@ -483,17 +489,20 @@ class RebuildRound:
     """Roots a source task still holds as pending."""
     known_completed: set[int]
     """Roots some worker knows completed recently."""
+    in_progress: set[int]
+    """Roots a task still holds an unreported batch of: slow, not lost."""
 
     @classmethod
     def of(cls, roots: U64, answers: list[worker_pb2.TrackingEventsResponse]) -> RebuildRound:
         """Sums the answers for ``roots``."""
-        round_ = cls({int(r): 0 for r in roots}, {}, set(), set())
+        round_ = cls({int(r): 0 for r in roots}, {}, set(), set(), set())
         for answer in answers:
             for root, value in unpack(answer.contributions).reshape(-1, 2).tolist():
                 round_.values[root] = round_.values.get(root, 0) ^ value
             round_.through.update(answer.reported_through)
             round_.source_pending.update(unpack(answer.source_pending).tolist())
             round_.known_completed.update(unpack(answer.known_completed).tolist())
+            round_.in_progress.update(unpack(answer.in_progress).tolist())
         return round_
 
     def finished(self) -> list[int]:

@@ -165,6 +165,14 @@ class TaskTracking:
                 out[root] = out.get(root, 0) ^ value
         return out
 
+    def in_progress(self, roots: set[int]) -> set[int]:
+        """The roots of ``roots`` with a batch retained here that is not yet
+        reported: still queued, or processed in a window not yet durable.
+        Their trees are slow (a backlog, persistence behind), not broken."""
+        reported = self.reported
+        return {root for root in roots & self.pending.keys()
+                if any(offset not in reported for offset in self.pending[root])}
+
     def reported_roots(self) -> set[int]:
         """Roots this task has reported contributions (or a registration) to."""
         return {root for root, _ in self.reported.values()} | self.registered

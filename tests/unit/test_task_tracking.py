@@ -231,3 +231,41 @@ def test_a_table_made_before_the_job_timeout_was_known_is_rebuilt_with_it() -> N
     assert host._table("job", 0).timeout_s == 2.0
     host.set_timeout("job", 2.0)  # known already: nothing more
     assert host._table("job", 0).timeout_s == 2.0
+
+
+def test_a_batch_still_on_its_way_keeps_its_root_in_progress() -> None:
+    task = TaskTracking(is_source=False)
+    task.retain(0, ROOT)
+    assert task.in_progress({ROOT, CHILD_1}) == {ROOT}  # queued
+    task.processed(0, CHILD_1, [])
+    assert task.in_progress({ROOT}) == {ROOT}  # processed, window not yet durable
+    task.mark_reported([0])
+    assert task.in_progress({ROOT}) == set()  # its part is with the tracker
+
+
+async def test_a_slow_root_is_not_abandoned_but_a_broken_one_is() -> None:
+    # A root whose batch waits behind a backlog (or a window not yet durable)
+    # times out like a broken one; its rebuild says a task still holds a
+    # batch of it, so its timeouts do not count toward abandoning it.
+    host = TrackerHost("worker-1", RoutingView(cast(Any, None), 64), rpc.ChannelPool())
+    roots = np.asarray([ROOT], dtype=np.uint64)
+
+    async def rebuild(in_progress: list[int]) -> None:
+        async def broadcast(request: Any) -> dict[str, worker_pb2.TrackingEventsResponse]:
+            return {"worker-2": worker_pb2.TrackingEventsResponse(
+                contributions=pack([ROOT, CHILD_1]), complete=True, source_pending=pack([ROOT]),
+                in_progress=pack(in_progress))}
+
+        host._broadcast = broadcast  # type: ignore[method-assign]
+        host._start_rebuild(("job", 0), {ROOT}, failed=True)
+        await host._rebuild(("job", 0))
+
+    for _ in range(5):  # slow: every timeout is forgiven
+        retry, give_up = host._count_failures("job", roots)
+        assert retry == [ROOT] and give_up == []
+        await rebuild(in_progress=[ROOT])
+    for _ in range(2):  # nothing of it on its way any more: it counts
+        retry, give_up = host._count_failures("job", roots)
+        assert retry == [ROOT]
+        await rebuild(in_progress=[])
+    assert host._count_failures("job", roots) == ([], [ROOT])
