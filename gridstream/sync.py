@@ -88,9 +88,9 @@ class SyncClient:
         """See :meth:`Client.progress_message`."""
         return self._loop.run(self._client.progress_message(job_id))
 
-    def results(self, job_id: str) -> dict[str, Any]:
-        """See :meth:`Client.results`."""
-        return self._loop.run(self._client.results(job_id))
+    def results(self, job_id: str, sink: str | None = None) -> dict[str, Any]:
+        """See :meth:`Client.results` (``sink`` picks one sink of a job with several)."""
+        return self._loop.run(self._client.results(job_id, sink))
 
     def dead_letters(self, job_id: str) -> list[DeadLetter]:
         """See :meth:`Client.dead_letters`."""

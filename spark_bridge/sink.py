@@ -336,11 +336,12 @@ class GridstreamReader(DataSourceReader):
     """Reads a job's results table through ``Client.results`` (one partition)."""
 
     def __init__(self, scheduler: str, job: str,
-                 security: SecurityConfig | None = None) -> None:
-        """Where to read from."""
+                 security: SecurityConfig | None = None, sink: str | None = None) -> None:
+        """Where to read from; ``sink`` picks one sink of a job with several."""
         self.scheduler = scheduler
         self.job = job
         self.security = security
+        self.sink = sink
 
     def partitions(self) -> list[InputPartition]:
         """The results table is read whole, by one task."""
@@ -350,7 +351,7 @@ class GridstreamReader(DataSourceReader):
         """Rows (key, value as JSON text)."""
         async def fetch() -> dict[str, Any]:
             async with Client(self.scheduler, security=self.security) as client:
-                return await client.results(self.job)
+                return await client.results(self.job, self.sink)
 
         for key, value in sorted(asyncio.run(fetch()).items()):
             yield key, json.dumps(value)
@@ -358,7 +359,8 @@ class GridstreamReader(DataSourceReader):
 
 class GridstreamDataSource(DataSource):
     """``format("gridstream")``: options scheduler, job, key, value, value_format,
-    batch_size, order_by, dead_letter_dir, send_timeout_s, tls_ca, tls_cert, tls_key, token."""
+    batch_size, order_by, dead_letter_dir, send_timeout_s, tls_ca, tls_cert, tls_key, token;
+    and sink, for reading one sink of a job with several."""
 
     @classmethod
     def name(cls) -> str:
@@ -383,7 +385,8 @@ class GridstreamDataSource(DataSource):
         for name in ("scheduler", "job"):
             if not opts.get(name):
                 raise BridgeError(f'gridstream source: option "{name}" is required')
-        return GridstreamReader(opts["scheduler"], opts["job"], security_from(opts))
+        return GridstreamReader(opts["scheduler"], opts["job"], security_from(opts),
+                                opts.get("sink") or None)
 
 
 def foreach_batch_writer(scheduler: str, job: str, key: str | None = None,
