@@ -332,7 +332,7 @@ class StateChains:
                 store._check_fence(job_id, operator_id, claim_epoch)
                 await store._advance(conn, job_id, operator_id, claim_epoch, 0)
 
-            await store._commit().submit(claim)
+            await store._commit().submit(claim, urgent=True)
         reader = store._read()
         found = await _head(reader, job_id, operator_id)
         if found is None:

@@ -6,6 +6,12 @@ the previous transaction was being written. A single writer task owns the
 write connection, drains a queue of pending writes, runs them in one
 transaction and resolves every caller's future only after ``COMMIT`` returned,
 so an acknowledged write is a durable write.
+
+An *urgent* write (a new owner claiming an operator before it reads its
+state) skips the queue: it is committed in a transaction of its own before
+the next group, so a takeover waits for at most the transaction being
+written, not for every write queued behind a busy store. Reordering is safe
+because every fenced write checks the fence again inside its transaction.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -76,6 +83,9 @@ class GroupCommitter:
         self._conn = conn
         self._max_group = max_group
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=max_queued)
+        self._urgent: deque[_Pending] = deque()
+        self._ready = asyncio.Event()
+        """Set when the queue or the urgent lane has something for the writer."""
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self.commits = 0
@@ -89,13 +99,18 @@ class GroupCommitter:
             raise RuntimeError("GroupCommitter.start called twice")
         self._task = asyncio.create_task(self._run(), name="stateserver-group-commit")
 
-    async def submit(self, op: WriteOp[_T]) -> _T:
-        """Queues a write and returns its result once its transaction is committed."""
+    async def submit(self, op: WriteOp[_T], urgent: bool = False) -> _T:
+        """Queues a write and returns its result once its transaction is
+        committed; an ``urgent`` one goes ahead of the queue (see the module)."""
         if self._closing or self._task is None or self._task.done():
             raise Unavailable("the state store is shutting down; retry on another state server "
                               "or after restart")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Pending(op, future))
+        if urgent:
+            self._urgent.append(_Pending(op, future))
+        else:
+            await self._queue.put(_Pending(op, future))
+        self._ready.set()
         if self._task.done():  # the writer stopped while we waited for queue space
             self._fail_queued()
         return cast(_T, await future)
@@ -124,9 +139,17 @@ class GroupCommitter:
         """Writer loop: take everything queued (up to ``max_group``), commit it as one."""
         try:
             while True:
-                group = [await self._queue.get()]
-                while len(group) < self._max_group and not self._queue.empty():
-                    group.append(self._queue.get_nowait())
+                if not self._urgent and self._queue.empty():
+                    self._ready.clear()
+                    await self._ready.wait()
+                    continue
+                group: list[_Pending] = []
+                if self._urgent:
+                    while self._urgent:
+                        group.append(self._urgent.popleft())
+                else:
+                    while len(group) < self._max_group and not self._queue.empty():
+                        group.append(self._queue.get_nowait())
                 try:
                     await self._commit_group(group)
                 except Exception:  # a bug here must not strand the callers or the loop
@@ -140,8 +163,8 @@ class GroupCommitter:
 
     def _fail_queued(self) -> None:
         """Fails writes still queued when the writer stops, so no caller waits forever."""
-        while not self._queue.empty():
-            pending = self._queue.get_nowait()
+        while self._urgent or not self._queue.empty():
+            pending = self._urgent.popleft() if self._urgent else self._queue.get_nowait()
             if not pending.future.done():
                 pending.future.set_exception(
                     Unavailable("the state store shut down before this write was stored; "

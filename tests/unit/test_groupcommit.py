@@ -1,0 +1,64 @@
+"""The state server's single writer (services/stateserver/groupcommit.py), on a
+real SQLite file: queued writes share transactions, and an urgent write (a
+new owner's claim) is committed before the writes queued ahead of it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import aiosqlite
+import pytest_asyncio
+
+from services.stateserver.groupcommit import GroupCommitter
+
+
+@pytest_asyncio.fixture
+async def committer(tmp_path: Path) -> AsyncIterator[GroupCommitter]:
+    conn = await aiosqlite.connect(tmp_path / "db.sqlite3", isolation_level=None)
+    await conn.execute("CREATE TABLE t (name TEXT)")
+    writer = GroupCommitter(conn)
+    writer.start()
+    try:
+        yield writer
+    finally:
+        await writer.close()
+        await conn.close()
+
+
+def insert(name: str, order: list[str]) -> Callable[[aiosqlite.Connection], Awaitable[None]]:
+    """A write that notes when it ran."""
+    async def op(conn: aiosqlite.Connection) -> None:
+        order.append(name)
+        await conn.execute("INSERT INTO t VALUES (?)", (name,))
+    return op
+
+
+async def test_queued_writes_share_transactions(committer: GroupCommitter) -> None:
+    order: list[str] = []
+    await asyncio.gather(*(committer.submit(insert(f"w{i}", order)) for i in range(200)))
+    assert sorted(order) == sorted(f"w{i}" for i in range(200))
+    assert committer.writes == 200 and committer.commits < 20
+
+
+async def test_an_urgent_write_goes_ahead_of_the_queue(committer: GroupCommitter) -> None:
+    order: list[str] = []
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def slow(conn: aiosqlite.Connection) -> None:  # a big transaction in progress
+        started.set()
+        await release.wait()
+        order.append("slow")
+
+    busy = asyncio.ensure_future(committer.submit(slow))
+    await started.wait()
+    queued = [asyncio.ensure_future(committer.submit(insert(f"w{i}", order)))
+              for i in range(50)]
+    claim = asyncio.ensure_future(committer.submit(insert("claim", order), urgent=True))
+    await asyncio.sleep(0)  # every write is queued behind the slow one
+    release.set()
+    await asyncio.gather(busy, claim, *queued)
+    assert order[:2] == ["slow", "claim"]  # waited for the transaction in progress only
+    assert sorted(order[2:]) == sorted(f"w{i}" for i in range(50))
