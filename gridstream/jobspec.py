@@ -54,6 +54,7 @@ from typing import Any
 
 from gridstream.config import ClusterConfig
 from gridstream.errors import InvalidArgument, PermissionDenied
+from gridstream.filesink import check_file_params
 from gridstream.v1 import common_pb2
 from gridstream.validation import MAX_NESTING, json_nesting_depth, nesting_depth, short
 
@@ -72,8 +73,11 @@ KEYED_KINDS = frozenset({"reduce", "stateful"})
 SINK_MODES: dict[str, int] = {
     "latest": common_pb2.SINK_MODE_LATEST,
     "append": common_pb2.SINK_MODE_APPEND,
+    "files": common_pb2.SINK_MODE_FILES,
 }
-"""What a sink keeps: the latest value per key, or every record."""
+"""What a sink keeps: the latest value per key, or every record (in the
+results table, or in files: :mod:`gridstream.filesink`)."""
+
 SINK_MODE_NAMES = {v: k for k, v in SINK_MODES.items()}
 
 SOURCE = "@source"
@@ -188,7 +192,8 @@ class Stage:
     params: Mapping[str, Any] = field(default_factory=dict, hash=False)
     """Keyword arguments of the function (JSON data), given on every call."""
     mode: str = "latest"
-    """A sink's mode: ``latest`` (one row per key) or ``append`` (every record)."""
+    """A sink's mode: ``latest`` (one row per key), ``append`` (every record)
+    or ``files`` (every record, in files; params ``path`` and ``format``)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or self.kind not in STAGE_KINDS:
@@ -346,8 +351,13 @@ def check_stage(stage: Stage, where: str) -> None:
              f"{', '.join(SINK_MODES)}")
     _check_params(stage, where)
     if stage.kind == "sink":
-        _require(not stage.function and not stage.key and not stage.params,
-                 f"{where}: a sink takes no function, key or params")
+        _require(not stage.function and not stage.key,
+                 f"{where}: a sink takes no function or key")
+        if stage.mode == "files":
+            check_file_params(stage.params, where)
+        else:
+            _require(not stage.params, f"{where}: a sink takes no function, key or params "
+                     "(only a files sink, mode = \"files\", takes params path and format)")
         return
     _require(stage.mode == "latest", f"{where}: only a sink takes a mode")
     _require(len(stage.function) <= MAX_IMPORT_PATH_CHARS

@@ -20,6 +20,7 @@ operator       function                                    output
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -91,6 +92,17 @@ class Stream:
         key (the latest value; a record without a key is a row of its own),
         ``append`` keeps every record that arrives, exactly once."""
         self.flow.add("sink", name, self.inputs, mode=mode)
+
+    def file_sink(self, name: str, path: str | os.PathLike[str], *,
+                  format: str = "jsonl") -> None:
+        """Ends the branch in files: every record that arrives, exactly once,
+        as JSON lines or Parquet under ``path/<job id>/<name>/``, one file per
+        window and partition, each renamed into place only once its window
+        is durable (:mod:`gridstream.filesink` reads them back). ``path``
+        must be a directory every worker can write (a shared filesystem;
+        on one machine, any directory); a relative one is made absolute here."""
+        params = {"path": os.path.abspath(os.fspath(path)), "format": format}
+        self.flow.add("sink", name, self.inputs, params=params, mode="files")
 
 
 class KeyedStream:

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from gridstream import filesink
 from gridstream.client import DEFAULT_BATCH_SIZE
 from gridstream.codec import decode_batch, encode_batch, row_json
 from gridstream.config import ClusterConfig
@@ -171,6 +172,20 @@ class _Run:
         self.sinks = {s.name: TestSink(s.name, s.mode) for s in job.stages if s.kind == "sink"}
         self._chains: dict[tuple[int, int], OperatorChain] = {}
         self._outbound: dict[tuple[int, int], Outbound] = {}
+        self.files: dict[tuple[str, int], list[Any]] = {}
+        """A files sink's records per (sink, partition), for :meth:`write_files`."""
+
+    def write_files(self, job_id: str) -> None:
+        """Writes each files sink's records as the cluster commits them, one
+        file per partition here (the cluster writes one per window), under
+        ``<path>/<job_id>/<sink>/`` (:func:`gridstream.filesink.read_records`)."""
+        stages = {s.name: s for s in self.job.stages}
+        for (name, partition), records in sorted(self.files.items()):
+            params = stages[name].params
+            fmt = str(params.get("format", "jsonl"))
+            final = filesink.final_name(partition, 0, len(records), fmt)
+            filesink.write_durably(filesink.sink_dir(str(params["path"]), job_id, name),
+                                   final, filesink.encode(records, fmt))
 
     def chain(self, task: TaskPlan, partition: int) -> OperatorChain:
         """The task's operator chain in one partition (keyed state is per partition)."""
@@ -208,6 +223,9 @@ class _Run:
             self.dead.extend(result.dead_letters)
             if chain.has_sink:
                 sink = self.sinks[task.stages[-1].name]
+                if chain.file_sink:
+                    self.files.setdefault((sink.name, batch.partition), []).extend(
+                        result.sink_rows.values())
                 for key, value in result.sink_rows.items():
                     stored = json.loads(row_json(value))
                     sink.rows[key if isinstance(key, str) else key_text(key)] = stored
@@ -225,7 +243,8 @@ class _Run:
 
 
 def run_local(job: JobSpec | Dataflow, inputs: TestSource | Sequence[Any], *,
-              partitions: int = 0, job_modules: tuple[str, ...] | None = None) -> LocalResult:
+              partitions: int = 0, job_modules: tuple[str, ...] | None = None,
+              job_id: str = "local") -> LocalResult:
     """Runs ``job`` (every stage of its graph) over ``inputs`` in this
     process, with the worker's operators: per-key order, keyed state,
     params, sink modes and dead letters as on the cluster, without faults.
@@ -235,7 +254,10 @@ def run_local(job: JobSpec | Dataflow, inputs: TestSource | Sequence[Any], *,
     default. ``job_modules`` (default: the modules the job names) limits what
     the job may import, as ``cluster.job_modules`` does on the cluster; this
     process's allowed modules are set for the run and restored after it, so
-    do not run jobs in other threads meanwhile.
+    do not run jobs in other threads meanwhile. A files sink's records are
+    in its ``records`` and written under ``<path>/<job_id>/<sink>/``, a
+    file per partition, where :func:`gridstream.filesink.read_records`
+    reads them as it reads a cluster job's.
 
     >>> from gridstream.examples import wordcount
     >>> result = run_local(wordcount.job(), ["a b a", "b a"])
@@ -260,6 +282,7 @@ def run_local(job: JobSpec | Dataflow, inputs: TestSource | Sequence[Any], *,
             sent = run.process(task, sorted(inbox.pop(task.index, []), key=_partition))
             for destination, batches in sent.items():
                 inbox.setdefault(destination, []).extend(batches)
+        run.write_files(job_id)
     return LocalResult(run.sinks, [DeadLetter.from_stored(*d) for d in run.dead])
 
 

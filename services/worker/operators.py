@@ -256,8 +256,15 @@ class OperatorChain:
         self.append_sink = self.has_sink and stages[-1].mode == "append"
         """An append sink keeps every record: rows by batch and index, as the
         rows of records without a key are, never merged by key."""
+        self.file_sink = self.has_sink and stages[-1].mode == "files"
+        """A files sink keeps every record too (rows by batch and index), which
+        the task writes to files (services.worker.filesinks); its state holds
+        the files a window commits, so window snapshots carry it."""
         for stage in stages:
             if stage.kind == "sink":
+                if stage.mode == "files":
+                    self.states[stage.name] = {}
+                    self.touched[stage.name] = set()
                 continue
             fn = resolve(stage.function, f"{where}, stage {stage.name}")
             if stage.params:  # params travel as data: fn(..., **params) on every call
@@ -292,7 +299,7 @@ class OperatorChain:
             keys, values = step(keys, values, dead)
         result = ChainResult(keys, values, dead_letters=dead_list)
         if self.has_sink:
-            if keys is None or self.append_sink:
+            if keys is None or self.append_sink or self.file_sink:
                 result.sink_rows = {f"{batch_id}:{i}": v for i, v in enumerate(values)}
             else:
                 result.sink_rows = dict(zip(keys, values, strict=True))

@@ -44,6 +44,7 @@ from gridstream.retry import Backoff
 from gridstream.taskplan import sink_row_prefix
 from gridstream.v1 import common_pb2
 from services.worker.edges import Outbound
+from services.worker.filesinks import writer_of
 from services.worker.operators import (
     TRACEBACKS_PER_BATCH,
     ChainResult,
@@ -118,6 +119,9 @@ class TaskRunner:
                                          batch_records)
         """Every edge the task's output goes on (none for a task ending in a sink)."""
         self.row_prefix = sink_row_prefix(spec, stages)
+        self.files = writer_of(self.chain, job_id, partition, lambda: self.chain,
+                               lambda: self.epoch, self.operator_id)
+        """The task's files sink, when its chain ends in one."""
         self.state_client = state
         self.fetch_log = fetch_log
         self.window_size = spec.window_size
@@ -184,6 +188,8 @@ class TaskRunner:
         state (a snapshot or a log copy) rather than starting fresh."""
         if await restore_task(self) and on_restored is not None:
             on_restored()
+        if self.files is not None:  # commit what the restored window names
+            await self.files.recover(self.latest.offset)
         self.ready.set()
         async with asyncio.TaskGroup() as group:
             group.create_task(self.persister.run(), name=f"persist {self.operator_id}")
@@ -289,7 +295,10 @@ class TaskRunner:
             self.records_processed += entry.count
             self.window.add(entry.channel, entry.sequence, offset, entry.count)
             if result.sink_rows:
-                self._rows.update(result.sink_rows)
+                if self.files is not None:
+                    self.files.add(result.sink_rows)
+                else:
+                    self._rows.update(result.sink_rows)
             if ingest and self.chain.has_sink:
                 self.latency.observe(max(0.0, time.time() - ingest), entry.count)
             if dead:
@@ -298,6 +307,9 @@ class TaskRunner:
             if self.window.records >= self.window_size or self._close_requested:
                 self._close_requested = False
                 self._close_window()
+            elif (container.pending_batches == 0 and self.files is not None
+                  and self.tracking is None and self.files.buffered):
+                self._close_window()  # untracked and idle: commit the sink's files
             elif container.pending_batches == 0 and (self._rows or self._dead):
                 self._flush()
 
@@ -387,6 +399,8 @@ class TaskRunner:
         # before); the first window, or one after deltas could not be chained,
         # carries the whole state. Packing happens later, in the persister.
         offset = self.latest.offset
+        if self.files is not None:  # the window's file joins the sink's state
+            self.files.seal(self.window.window, offset)
         parent = None if self.persister.needs_root else self.persister.head
         changes = (self.chain.capture_delta() if parent is not None
                    else self.chain.capture_full())
@@ -424,6 +438,8 @@ class TaskRunner:
 
     async def _write_snapshot(self, snapshot: PendingSnapshot,
                               chunks: list[tuple[bytes, int]]) -> None:
+        if self.files is not None:  # the files the snapshot names exist first
+            await self.files.prepare()
         write = asyncio.ensure_future(self.state_client.put_state(
             self.job_id, self.operator_id, snapshot.window, self.epoch, snapshot.parent,
             snapshot.header, chunks,
@@ -432,6 +448,8 @@ class TaskRunner:
             await asyncio.sleep(0)  # the request is on its way
             crash_point(self.node_id, "window_persist")
             await write
+            if self.files is not None:
+                await self.files.commit(snapshot.window)
             if self.standby is not None:
                 self.standby.offer(snapshot.window, snapshot.parent, snapshot.header, chunks)
         finally:
