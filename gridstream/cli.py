@@ -418,13 +418,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--key-field, each record is sent with that field as its key: one key's records go "
         "to one partition and are processed in the file's order, and the key stays on the "
         "record to the sink (the row of a latest sink). Without it, batches are spread over "
-        "the partitions and no order between them is kept.")
+        "the partitions and no order between them is kept. FILE may be a directory of "
+        "JSON-lines, CSV and Parquet files: they are sent exactly once, in name order, "
+        "with a durable cursor (--cursor), across kills of this command; --follow keeps "
+        "sending new files as they arrive (gridstream.filesource).")
     _add_client_flags(send)
     send.add_argument("job_id")
-    send.add_argument("file", help="JSON-lines or CSV file, or - for stdin")
+    send.add_argument("file", help="JSON-lines or CSV file, - for stdin, or a directory")
     send.add_argument("--key-field", help="field of each record to key it by (str or int)")
-    send.add_argument("--format", choices=["jsonl", "csv"],
-                      help="file format (default: csv for a .csv file, else jsonl)")
+    send.add_argument("--format", choices=["jsonl", "csv", "parquet"],
+                      help="file format (default: by extension: .csv, .parquet, else jsonl)")
+    send.add_argument("--follow", action="store_true",
+                      help="a directory: keep sending files that arrive (until SIGTERM/Ctrl-C)")
+    send.add_argument("--cursor", help="a directory: the cursor file (default "
+                      "DIR/.gridstream-cursor-<job>.json); keep it to resume exactly once")
+    send.add_argument("--chunk-records", type=int, default=5_000,
+                      help="a directory: records per chunk recorded in the cursor")
     send.add_argument("--batch-size", type=int, default=5_000,
                       help="records per batch (default 5000)")
     send.set_defaults(run=_send)
@@ -437,10 +446,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run a demo on a fresh local cluster and check it",
                           description="Start a local cluster, run the example, compare with an "
                           "in-process reference; exit 1 on any difference.")
-    demo.add_argument("name", choices=["taxi", "wordcount", "spark-taxi"])
+    demo.add_argument("name", choices=["taxi", "wordcount", "clicks", "spark-taxi"])
     demo.add_argument("--records", type=int,
                       help="input size (taxi: records, default 200000; wordcount: words, "
-                      "default 300000; spark-taxi: records, default 20000)")
+                      "default 300000; clicks: clicks, default 100000, their files under "
+                      "<run dir>/files; spark-taxi: records, default 20000)")
     demo.add_argument("--workers", type=int, default=3)
     demo.add_argument("--state-servers", type=int, default=2)
     demo.add_argument("--run-dir", help="directory for logs and data (default: a temp dir)")

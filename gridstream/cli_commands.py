@@ -11,6 +11,7 @@ import asyncio
 import csv
 import itertools
 import json
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -237,6 +238,8 @@ async def run_send(args: argparse.Namespace, scheduler: str, security: SecurityC
     key stays on the record to the sink, where it keys the result row."""
     from gridstream.client import Client
 
+    if await asyncio.to_thread(os.path.isdir, args.file):
+        return await run_send_directory(args, scheduler, security)
     fmt = send_format(args.file, args.format)
     total = 0
     async with Client(scheduler, batch_size=args.batch_size, security=security) as client:
@@ -251,4 +254,33 @@ async def run_send(args: argparse.Namespace, scheduler: str, security: SecurityC
     how = (f"keyed by {args.key_field!r}" if args.key_field
            else "without keys: no order is kept between batches; --key-field keeps each key's")
     print(f"sent {total} records to job {args.job_id} ({how})")
+    return 0
+
+
+async def run_send_directory(args: argparse.Namespace, scheduler: str,
+                             security: SecurityConfig) -> int:
+    """``gridstream send JOB DIR [--follow]``: the directory's files exactly
+    once through :class:`gridstream.filesource.DirectorySource`, resuming
+    from its cursor; with ``--follow`` until SIGTERM or Ctrl-C."""
+    import signal
+
+    from gridstream.client import Client
+    from gridstream.filesource import DirectorySource
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with Client(scheduler, batch_size=args.batch_size, security=security) as client:
+        source = DirectorySource(client, args.job_id, args.file, args.cursor,
+                                 key_field=args.key_field, fmt=args.format,
+                                 chunk_records=args.chunk_records)
+        try:
+            total = await source.run(follow=args.follow, stop=stop)
+        except (OSError, ValueError) as exc:
+            print(f"gridstream: {exc} ({source.records_sent} records were sent before it; "
+                  f"the cursor {source.cursor_path} resumes after them)", file=sys.stderr)
+            return 1
+    print(f"sent {total} records of {len(source.cursor.done)} files to job {args.job_id} "
+          f"(cursor {source.cursor_path})")
     return 0

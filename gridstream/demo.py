@@ -1,23 +1,27 @@
-"""The demos: a local cluster runs one of the seeds' workloads and checks the
-result against an in-process reference computation, record for record."""
+"""The demos: a local cluster runs one of the seeds' workloads (or the
+clickstream graph, with its files sink) and checks the result against an
+in-process reference computation, record for record."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gridstream import filesink
 from gridstream.client import Client
 from gridstream.config import Config, SecurityConfig
-from gridstream.examples import taxi, wordcount
+from gridstream.examples import clicks, taxi, wordcount
 from gridstream.local import LocalCluster
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RECORDS = {"taxi": 200_000, "wordcount": 300_000}
+DEFAULT_RECORDS = {"taxi": 200_000, "wordcount": 300_000, "clicks": 100_000}
 
 
 @dataclass
@@ -33,11 +37,15 @@ class DemoReport:
     missing: int
     extra: int
     different: int
+    problems: list[str] = field(default_factory=list)
+    """What else differs from the reference (the clicks demo's files)."""
+    detail: str = ""
+    """What was checked, for the summary (the clicks demo's sinks and files)."""
 
     @property
     def match(self) -> bool:
         """True when the sink equals the reference exactly."""
-        return self.missing == self.extra == self.different == 0
+        return self.missing == self.extra == self.different == 0 and not self.problems
 
     @property
     def rate(self) -> float:
@@ -48,8 +56,10 @@ class DemoReport:
         """A short human-readable summary."""
         verdict = "MATCH" if self.match else (
             f"MISMATCH ({self.missing} missing, {self.extra} unexpected, "
-            f"{self.different} different)"
+            f"{self.different} different{''.join('; ' + p for p in self.problems)})"
         )
+        if self.detail:
+            verdict += f" ({self.detail})"
         return (
             f"{self.name}: {self.records:,} {self.units} in {self.seconds:.2f} s = "
             f"{self.rate:,.0f} {self.units}/s; {self.results:,} result rows; "
@@ -75,7 +85,35 @@ def workload(
     if name == "wordcount":
         lines = wordcount.generate(records)
         return wordcount.job(), None, lines, wordcount.reference(lines), records, "words"
-    raise ValueError(f"unknown demo {name!r}; choose taxi or wordcount")
+    raise ValueError(f"unknown demo {name!r}; choose taxi, wordcount or clicks")
+
+
+async def run_clicks_on(scheduler: str, records: int, files: Path, batch_size: int = 5_000,
+                        security: SecurityConfig | None = None) -> DemoReport:
+    """Runs the clicks job (:mod:`gridstream.examples.clicks`) against a
+    running cluster whose workers can write ``files``; checks the per-user
+    and per-page sinks key by key and the files sink's files (every click
+    exactly once) against the reference."""
+    keys, lines = clicks.generate(records)
+    expected = clicks.reference(lines)
+    async with Client(scheduler, batch_size=batch_size, security=security) as client:
+        job_id = await client.submit(clicks.flow(files).job())
+        started = time.monotonic()
+        await client.send(job_id, lines, keys)
+        await client.drain(job_id)
+        seconds = time.monotonic() - started
+        users = await client.results(job_id, sink="users")
+        pages = await client.results(job_id, sink="pages")
+    found = await asyncio.to_thread(filesink.read_records, files, job_id, "clicks")
+    missing, extra, different = (a + b for a, b in zip(
+        compare(users, expected["users"]), compare(pages, expected["pages"]), strict=True))
+    problem = clicks.check_files(found, lines)
+    files_count = len(await asyncio.to_thread(filesink.committed_files, files, job_id, "clicks"))
+    return DemoReport("clicks", records, "clicks", seconds, len(users) + len(pages),
+                      len(expected["users"]) + len(expected["pages"]), missing, extra,
+                      different, [problem] if problem else [],
+                      f"{len(users)} users and {len(pages)} pages per key; {len(found):,} "
+                      f"clicks in {files_count} files under {files / job_id}")
 
 
 async def run_on(scheduler: str, name: str, records: int, batch_size: int = 5_000,
@@ -107,10 +145,15 @@ async def run_demo(
     """Starts a local cluster, runs the workload, checks it, stops the cluster."""
     records = records or DEFAULT_RECORDS[name]
     directory = Path(run_dir or tempfile.mkdtemp(prefix=f"gridstream-{name}-"))
+    files_dir = Path(await asyncio.to_thread(os.path.abspath, directory)) / "files"
     print(f"starting a local cluster: 1 scheduler, {workers} workers, {state_servers} state "
           f"servers (logs in {directory / 'logs'})", flush=True)
     async with LocalCluster(directory, config, workers, state_servers) as cluster:
         print(f"cluster ready; scheduler at {cluster.scheduler_address}; running {name} "
               f"on {records:,} input units", flush=True)
+        if name == "clicks":
+            return await run_clicks_on(cluster.scheduler_address, records,
+                                       files_dir,
+                                       security=cluster.config.security)
         return await run_on(cluster.scheduler_address, name, records,
                             security=cluster.config.security)

@@ -418,3 +418,88 @@ async def _inject(cluster: LocalCluster, step: Step, rng: random.Random,
         if cluster.members[victim].alive():
             cluster.kill(victim, signal.SIGKILL)
     return record
+
+
+@dataclass
+class ClicksRun:
+    """The outcome of :func:`run_clicks`: the faults, the per-user verdict of
+    the history checker, and what the other sinks and the files got wrong."""
+
+    faults: list[FaultRecord] = field(default_factory=list)
+    verdict: HistoryVerdict = field(default_factory=HistoryVerdict)
+    problems: list[str] = field(default_factory=list)
+    """Pages that differ from the reference, and the files' verdict."""
+    losses: list[str] = field(default_factory=list)
+    undrained: str = ""
+    files: int = 0
+    """Committed files of the files sink."""
+
+    def table(self) -> str:
+        """The faults, then the verdicts."""
+        lines = [f"{f.kind} {','.join(f.victims)} in flight={f.in_flight}" for f in self.faults]
+        lines.append(f"{self.verdict.summary()}; {self.files} committed files")
+        lines += [f"wrong: {problem}" for problem in self.problems]
+        lines += [f"named losses: {'; '.join(self.losses)}"] if self.losses else []
+        lines += [f"NOT DRAINED: {self.undrained}"] if self.undrained else []
+        return "\n".join(lines)
+
+
+async def run_clicks(steps: list[Step], run_dir: Path, records: int = 30_000,
+                     stream_s: float = 15.0, chunk: int = 1_000, config: Config | None = None,
+                     seed: int = 0, drain_timeout_s: float = 180.0,
+                     tracking_timeout_s: float = 0.0, fmt: str = "jsonl") -> ClicksRun:
+    """The clicks job (:mod:`gridstream.examples.clicks`) on a fresh
+    supervised local cluster through the scenario: the per-user fold is
+    judged by the history checker, the per-page aggregates key by key
+    against the fault-free reference, and the files sink's committed files
+    must hold every click exactly once."""
+    from gridstream import filesink
+    from gridstream.examples import clicks
+
+    rng = random.Random(seed)
+    keys, lines = clicks.generate(records, seed=seed)
+    expected = clicks.reference(lines)
+    files = run_dir / "files"
+    run = ClicksRun()
+    cluster = LocalCluster(run_dir, config, workers=3, state_servers=2, supervise=True,
+                           restart_delay_s=1.0)
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(cluster)
+        client = await stack.enter_async_context(
+            Client(cluster.scheduler_address, batch_size=250, security=cluster.config.security))
+        spec = clicks.flow(files, fmt).job()
+        if tracking_timeout_s:
+            spec = replace(spec, tracking_timeout_s=tracking_timeout_s)
+        job_id = await client.submit(spec)
+        sender = Sender(client, job_id, keys, lines, stream_s, chunk)
+        started = time.monotonic()
+        sending = asyncio.create_task(sender.run(), name="clicks sender")
+        try:
+            for step in sorted(steps, key=lambda s: s.at_s):
+                delay = started + step.at_s - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                run.faults.append(await _inject(cluster, step, rng, sender, None, run.faults,
+                                                any(s.again for s in steps)))
+            await sending
+        finally:
+            if not sending.done():
+                sending.cancel()
+        try:
+            run.losses = list((await client.drain(job_id, timeout_s=drain_timeout_s)).losses)
+        except DataLoss as exc:
+            run.losses = [str(exc)]
+        except DeadlineExceeded as exc:
+            run.undrained = str(exc)
+        run.verdict = check_history(await client.results(job_id, sink="users"),
+                                    clicks.sent_counts(keys))
+        pages = await client.results(job_id, sink="pages")
+    wrong = {p for p, want in expected["pages"].items() if pages.get(p) != want}
+    if wrong or set(pages) - set(expected["pages"]):
+        run.problems.append(f"pages: {len(wrong)} of {len(expected['pages'])} differ")
+    found = await asyncio.to_thread(filesink.read_records, files, job_id, "clicks")
+    run.files = len(await asyncio.to_thread(filesink.committed_files, files, job_id, "clicks"))
+    problem = clicks.check_files(found, lines)
+    if problem:
+        run.problems.append(problem)
+    return run
