@@ -51,9 +51,10 @@ def generate(records: int, users: int = 200, seed: int = 0) -> tuple[list[str], 
     return keys, lines
 
 
-def parse(text: str) -> dict[str, Any]:
-    """A click's JSON line to a dict."""
-    click = json.loads(text)
+def parse(text: str | dict[str, Any]) -> dict[str, Any]:
+    """A click's JSON line to a dict (a dict as it is: ``gridstream send``
+    of a JSON-lines file or directory sends each line parsed)."""
+    click = text if isinstance(text, dict) else json.loads(text)
     if not isinstance(click, dict):
         raise ValueError("a click is a JSON object")
     return click
