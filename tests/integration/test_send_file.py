@@ -23,7 +23,7 @@ import pytest_asyncio
 
 from gridstream.client import Client
 from gridstream.errors import InvalidArgument
-from gridstream.jobspec import DEFAULT_JOB_MODULES, SOURCE, JobSpec, Stage
+from gridstream.jobspec import DEFAULT_JOB_MODULES, JobSpec, Stage
 from gridstream.local import REPO_ROOT
 
 pytestmark = pytest.mark.integration
@@ -167,14 +167,23 @@ async def test_a_record_without_the_key_field_is_named(cluster: tuple[str, Path]
     assert "line 2: the record has no field 'user'" in err
 
 
-async def test_the_cluster_refuses_a_graph_at_submit(cluster: tuple[str, Path]) -> None:
+async def test_a_graph_of_user_code_runs_on_the_cluster(cluster: tuple[str, Path]) -> None:
+    # A fan-out of the user's own stage: every record to an append sink, and
+    # per user to an order-sensitive reduce; both sinks read apart.
     address, _ = cluster
     graph = JobSpec("graph", (
         Stage("seq", "map", "userjobs.ops:seq_of"),
         Stage("all", "sink", mode="append"),
         Stage("joined", "reduce", "userjobs.ops:append", key="userjobs.ops:user_of",
-              initial="", inputs=(SOURCE,)),
-        Stage("store", "sink")))
+              initial="", inputs=("seq",)),
+        Stage("store", "sink")), partitions=4)
     async with Client(address) as client:
-        with pytest.raises(InvalidArgument, match="this cluster runs linear pipelines"):
-            await client.submit(graph)
+        job_id = await client.submit(graph)
+        await client.send(job_id, RECORDS, keys=[r["user"] for r in RECORDS])
+        await client.drain(job_id, timeout_s=120)
+        assert await client.results(job_id, sink="store") == reference()
+        appended = await client.results(job_id, sink="all")
+        assert sorted(appended.values()) == sorted(
+            [r["user"], f"{r['seq']};"] for r in RECORDS)
+        with pytest.raises(InvalidArgument, match="has no sink 'nope'"):
+            await client.results(job_id, sink="nope")
