@@ -54,6 +54,7 @@ from typing import Any
 
 from gridstream.config import ClusterConfig
 from gridstream.errors import InvalidArgument, PermissionDenied
+from gridstream.eventtime import window_config
 from gridstream.filesink import check_file_params
 from gridstream.v1 import common_pb2
 from gridstream.validation import MAX_NESTING, json_nesting_depth, nesting_depth, short
@@ -66,9 +67,10 @@ STAGE_KINDS: dict[str, int] = {
     "reduce": common_pb2.STAGE_KIND_REDUCE,
     "stateful": common_pb2.STAGE_KIND_STATEFUL,
     "sink": common_pb2.STAGE_KIND_SINK,
+    "window": common_pb2.STAGE_KIND_WINDOW,
 }
 KIND_NAMES = {v: k for k, v in STAGE_KINDS.items()}
-KEYED_KINDS = frozenset({"reduce", "stateful"})
+KEYED_KINDS = frozenset({"reduce", "stateful", "window"})
 
 SINK_MODES: dict[str, int] = {
     "latest": common_pb2.SINK_MODE_LATEST,
@@ -127,8 +129,9 @@ def allowed_job_modules() -> tuple[str, ...]:
 
 
 def module_allowed(module: str, allowed: tuple[str, ...]) -> bool:
-    """True when ``module`` is one of ``allowed`` or inside one of those packages."""
-    return any(module == entry or module.startswith(entry + ".") for entry in allowed)
+    """True when ``module`` is gridstream.eventtime, one of ``allowed`` or inside one."""
+    return any(module == entry or module.startswith(entry + ".")
+               for entry in (*allowed, "gridstream.eventtime"))
 
 
 def check_allowed_path(path: str, where: str, allowed: tuple[str, ...] | None = None) -> None:
@@ -370,7 +373,8 @@ def check_stage(stage: Stage, where: str) -> None:
                  f"{where}: a {stage.kind} stage needs key = 'package.module:function'")
     else:
         _require(not stage.key, f"{where}: only reduce and stateful stages take a key")
-    _require(stage.kind != "reduce" or stage.initial is not None,
+    _require(stage.kind != "window" or bool(window_config(stage.params, where)), where)
+    _require(stage.kind not in ("reduce", "window") or stage.initial is not None,
              f"{where}: a reduce needs an initial accumulator, the value its function "
              "receives for a key's first record: add initial = 0 (to count or sum), "
              "initial = \"\" (to concatenate) or initial = [] (to collect)")
@@ -505,6 +509,8 @@ def check_imports(job: JobSpec, allowed: tuple[str, ...] | None = None) -> None:
             resolve(stage.function, f"{where}, function", allowed)
         if stage.key:
             resolve(stage.key, f"{where}, key", allowed)
+        if stage.kind == "window":  # its timestamp function runs on the workers too
+            resolve(str(stage.params["window"]["timestamp"]), f"{where}, timestamp", allowed)
 
 
 def plan_tasks(job: JobSpec) -> list[list[Stage]]:
@@ -524,7 +530,7 @@ def from_mapping(data: dict[str, Any], source: str = "job") -> JobSpec:
     head = data.get("job", {})
     _require(isinstance(head, dict), f"{source}: [job] must be a table")
     unknown = set(head) - {"name", "partitions", "delivery", "window_size",
-                           "tracking_timeout_s"}
+                           "snapshot_every", "tracking_timeout_s"}
     _require(not unknown, f"{source}: unknown keys in [job]: {', '.join(sorted(unknown))}")
     raw_stages = data.get("stages")
     _require(isinstance(raw_stages, list) and bool(raw_stages),
@@ -561,7 +567,9 @@ def from_mapping(data: dict[str, Any], source: str = "job") -> JobSpec:
             raise InvalidArgument(f"{source}: stage {i}: {exc}") from None
         stages.append(stage)
     partitions = head.get("partitions", 0)
-    window = head.get("window_size", 0)
+    window = head.get("snapshot_every", head.get("window_size", 0))  # records per snapshot
+    _require(head.get("window_size", window) == window, f"{source}: snapshot_every is "
+             "window_size's other name (records per state snapshot); give one of them")
     timeout = head.get("tracking_timeout_s", 0.0)
     _require(isinstance(partitions, int), f"{source}: partitions must be an integer")
     _require(isinstance(window, int), f"{source}: window_size must be an integer")

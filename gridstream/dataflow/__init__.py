@@ -19,6 +19,6 @@ process.
 
 from gridstream.dataflow._flow import Dataflow
 from gridstream.dataflow._functions import FunctionLike, function_path
-from gridstream.dataflow._stream import KeyedStream, Stream
+from gridstream.dataflow._stream import KeyedStream, Stream, WindowedStream
 
-__all__ = ["Dataflow", "FunctionLike", "KeyedStream", "Stream", "function_path"]
+__all__ = ["Dataflow", "FunctionLike", "KeyedStream", "Stream", "WindowedStream", "function_path"]

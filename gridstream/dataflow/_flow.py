@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from gridstream.dataflow._stream import Stream
 
 POSITIONAL = {"map": 1, "flat_map": 1, "filter": 1, "map_batch": 1, "reduce": 2,
-              "stateful": 2}
+              "stateful": 2, "window": 2}
 """Values the worker passes before the params, per kind (``fn(acc, value, **p)``)."""
 
 
@@ -44,13 +44,19 @@ class Dataflow:
     """
 
     def __init__(self, name: str, *, partitions: int = 0, delivery: str = "exactly_once",
-                 window_size: int = 0, tracking_timeout_s: float = 0.0) -> None:
+                 window_size: int = 0, tracking_timeout_s: float = 0.0,
+                 snapshot_every: int = 0) -> None:
         """The job's fields as :class:`~gridstream.jobspec.JobSpec` has them (0:
-        the cluster's default); checked here with the stages' checks."""
+        the cluster's default); checked here with the stages' checks.
+        ``snapshot_every`` is ``window_size``'s other name: records per state
+        snapshot (a snapshot window), nothing to do with event-time windows."""
+        if snapshot_every and window_size and snapshot_every != window_size:
+            raise InvalidArgument(f"dataflow {name}: snapshot_every is window_size's other "
+                                  "name (records per state snapshot); give one of them")
         self.name = name
         self.partitions = partitions
         self.delivery = delivery
-        self.window_size = window_size
+        self.window_size = snapshot_every or window_size
         self.tracking_timeout_s = tracking_timeout_s
         self._stages: list[Stage] = []
         validate(self._spec((Stage("check", "sink"),)))  # the job's own fields, at once
@@ -96,7 +102,8 @@ class Dataflow:
         function = ""
         if fn is not None:
             function = function_path(fn, f"{where}, function")
-            check_call(fn, POSITIONAL.get(kind, 1), params, f"{where}, function")
+            given = {k: v for k, v in params.items() if k != "window" or kind != "window"}
+            check_call(fn, POSITIONAL.get(kind, 1), given, f"{where}, function")
         key_path = ""
         if key is not None:
             key_path = function_path(key, f"{where}, key")

@@ -26,6 +26,7 @@ from typing import Any
 
 from gridstream.dataflow._flow import Dataflow
 from gridstream.dataflow._functions import FunctionLike
+from gridstream.dataflow._windows import LATE_FN, Timing, add_window, window_params
 
 Params = Mapping[str, Any] | None
 
@@ -35,14 +36,28 @@ class Stream:
     their keys: the keys sent with them, or those of the last keyed operator
     upstream (non-keyed operators keep a record's key)."""
 
-    def __init__(self, flow: Dataflow, inputs: tuple[str, ...]) -> None:
+    def __init__(self, flow: Dataflow, inputs: tuple[str, ...],
+                 timing: Timing | None = None) -> None:
         """Made by :class:`Dataflow` and by operators, not by users."""
         self.flow = flow
         self.inputs = inputs
         """The stage names (or ``@source``) a reader of this stream reads."""
+        self.timing = timing
+        """Event time (:meth:`with_timestamps`), kept by non-keyed operators."""
 
     def _then(self, kind: str, name: str, fn: FunctionLike, params: Params) -> Stream:
-        return Stream(self.flow, (self.flow.add(kind, name, self.inputs, fn, params=params),))
+        return Stream(self.flow, (self.flow.add(kind, name, self.inputs, fn, params=params),),
+                      self.timing)
+
+    def with_timestamps(self, fn: FunctionLike, *, max_delay: float = 0,
+                        idle_timeout: float | None = None) -> Stream:
+        """The same records with event time: ``fn(record) -> number`` (any
+        unit; window sizes are in the same), for the next ``window``, which
+        runs it on the records as they reach it. A partition's watermark is
+        the highest event time it has sent minus ``max_delay`` (bounded
+        out-of-orderness); an input partition more than ``idle_timeout``
+        behind the most advanced does not hold time back (docs/eventtime.md)."""
+        return Stream(self.flow, self.inputs, Timing(fn, max_delay, idle_timeout))
 
     def map(self, name: str, fn: FunctionLike, *, params: Params = None) -> Stream:
         """One output per record: ``fn(value, **params)``."""
@@ -67,7 +82,7 @@ class Stream:
         bytes) by the next keyed operator: on the cluster the key function
         runs on the upstream side and records shuffle to the key's partition,
         so each key's records are processed in order by one worker."""
-        return KeyedStream(self.flow, self.inputs, key)
+        return KeyedStream(self.flow, self.inputs, key, self.timing)
 
     def reduce(self, name: str, fn: FunctionLike, *, key: FunctionLike, initial: Any = None,
                params: Params = None) -> Stream:
@@ -108,11 +123,29 @@ class Stream:
 class KeyedStream:
     """A stream with the key function its next keyed operator groups by."""
 
-    def __init__(self, flow: Dataflow, inputs: tuple[str, ...], key: FunctionLike) -> None:
+    def __init__(self, flow: Dataflow, inputs: tuple[str, ...], key: FunctionLike,
+                 timing: Timing | None = None) -> None:
         """Made by :meth:`Stream.key_by`."""
         self.flow = flow
         self.inputs = inputs
         self.key = key
+        self.timing = timing
+
+    def window(self, name: str, fn: FunctionLike, *, initial: Any = None,
+               tumbling: float | None = None, sliding: tuple[float, float] | None = None,
+               session: float | None = None, lateness: float = 0,
+               params: Params = None) -> WindowedStream:
+        """Per key and event-time window, ``acc = fn(acc, value, **params)``
+        from ``initial``; each window fires once, when the watermark passes
+        its end plus ``lateness``, as ``{"key", "start", "end", "value"}``.
+        Give one of ``tumbling=size``, ``sliding=(size, slide)`` or
+        ``session=gap``. Records whose windows have fired are the side output
+        :meth:`WindowedStream.late`."""
+        config = window_params(self.flow, name, self.timing, tumbling, sliding, session,
+                               lateness)
+        stage, fired = add_window(self.flow, name, self.inputs, fn, self.key, initial,
+                                  params, config)
+        return WindowedStream(self.flow, (fired,), stage)
 
     def reduce(self, name: str, fn: FunctionLike, *, initial: Any = None,
                params: Params = None) -> Stream:
@@ -127,3 +160,18 @@ class KeyedStream:
         added = self.flow.add("stateful", name, self.inputs, fn, key=self.key,
                               initial=initial, params=params)
         return Stream(self.flow, (added,))
+
+
+class WindowedStream(Stream):
+    """The fired windows of a window operator, ``{"key", "start", "end",
+    "value"}`` each, keyed by the window's key."""
+
+    def __init__(self, flow: Dataflow, inputs: tuple[str, ...], stage: str) -> None:
+        super().__init__(flow, inputs)
+        self.stage = stage
+        """The window stage (whose output has fired windows and late records)."""
+
+    def late(self, name: str) -> Stream:
+        """The side output: every record that reached the window after all its
+        windows had fired, as it was sent to it (end it in a sink to read it)."""
+        return Stream(self.flow, (self.flow.add("flat_map", name, (self.stage,), LATE_FN),))

@@ -28,6 +28,7 @@ from gridstream.deadletters import encode_error, encode_record
 from gridstream.ids import batch_identity, key_text, partition_for_key, task_channel
 from gridstream.jobspec import (
     JobSpec,
+    Stage,
     allow_job_modules,
     allowed_job_modules,
     check_allowed_path,
@@ -40,6 +41,7 @@ from services.worker.edges import Outbound
 from services.worker.operators import DeadLetter as StoredDeadLetter
 from services.worker.operators import OperatorChain
 from services.worker.peers import PeerRouter
+from services.worker.watermarks import batch_watermark, event_inputs
 
 SOURCE_CHANNEL = "src/local"
 """The channel of the sent records (a client's is ``src/<producer>``)."""
@@ -103,6 +105,9 @@ class _Batch:
     batch_id: str
     keys: list[Any] | None
     values: list[Any]
+    channel: str = SOURCE_CHANNEL
+    watermark: float | None = None
+    """The watermark the batch carries (into a window stage only)."""
 
 
 class _NoRouter:
@@ -210,10 +215,12 @@ class _Run:
         """Runs the task over its input batches in order; the batches its edges
         send, per destination task, named as the receiving containers name them."""
         out: dict[int, list[_Batch]] = {}
+        inputs = event_inputs(self.job, task.index)
         for batch in batches:
             chain = self.chain(task, batch.partition)
+            event = None if inputs is None else (batch.channel, batch.watermark, inputs)
             try:
-                result = chain.process(batch.keys, batch.values, batch.batch_id)
+                result = chain.process(batch.keys, batch.values, batch.batch_id, event)
             except Exception as exc:  # as a worker dead-letters a batch it cannot run
                 keys = batch.keys or [None] * len(batch.values)
                 self.dead.extend((f"{batch.batch_id}:<task>:{i}", "<task>",
@@ -238,7 +245,8 @@ class _Run:
                     out.setdefault(segment.task, []).append(_Batch(
                         segment.partition, batch_identity(segment.task, segment.partition,
                                                           segment.channel, segment.sequence),
-                        wire_keys, wire_values))
+                        wire_keys, wire_values, segment.channel,
+                        batch_watermark(segment.encode())))
         return out
 
 
@@ -269,10 +277,10 @@ def run_local(job: JobSpec | Dataflow, inputs: TestSource | Sequence[Any], *,
     validate(job)
     parts = partitions or job.partitions or ClusterConfig().partitions
     named = {path.partition(":")[0] for stage in job.stages
-             for path in (stage.function, stage.key) if path}
+             for path in _paths(stage) if path}
     allowed = tuple(sorted(named)) if job_modules is None else job_modules
     for stage in job.stages:  # refused before anything is imported, as on the cluster
-        for path in (stage.function, stage.key):
+        for path in _paths(stage):
             if path:
                 check_allowed_path(path, f"job {job.name}, stage {stage.name}", allowed)
     with _allowing(allowed):
@@ -284,6 +292,13 @@ def run_local(job: JobSpec | Dataflow, inputs: TestSource | Sequence[Any], *,
                 inbox.setdefault(destination, []).extend(batches)
         run.write_files(job_id)
     return LocalResult(run.sinks, [DeadLetter.from_stored(*d) for d in run.dead])
+
+
+def _paths(stage: Stage) -> tuple[str, ...]:
+    """The import paths a stage names (a window's timestamp function too)."""
+    if stage.kind == "window":
+        return stage.function, stage.key, str(stage.params["window"]["timestamp"])
+    return stage.function, stage.key
 
 
 def _partition(batch: _Batch) -> int:

@@ -28,6 +28,7 @@ from gridstream.taskplan import plan_graph
 from services.worker.operators import DeadLetter
 from services.worker.peers import OutSegment, PeerRouter
 from services.worker.shuffle import Shuffle
+from services.worker.watermarks import TimedShuffle
 
 
 def _no_key(value: Any) -> Any:  # pragma: no cover - a forward edge never keys
@@ -77,7 +78,14 @@ class Outbound:
         edges: list[Shuffle] = []
         for edge in plan_graph(spec).tasks[task].edges:
             stage = edge.stage
-            if edge.keyed:
+            if edge.keyed and stage.kind == "window":  # the watermark rides along
+                where = f"job {spec.name}, stage {stage.name}"
+                edges.append(TimedShuffle(
+                    job_id, edge.task, stage, spec.partitions,
+                    resolve_key(stage.key, f"{where}, key"),
+                    resolve_key(str(stage.params["window"]["timestamp"]), f"{where}, timestamp"),
+                    channel, router, batch_records))
+            elif edge.keyed:
                 key_fn = resolve_key(stage.key, f"job {spec.name}, stage {stage.name}, key")
                 edges.append(Shuffle(job_id, edge.task, stage.name, spec.partitions, key_fn,
                                      channel, router, batch_records))
@@ -122,6 +130,10 @@ class Outbound:
         if len(self.edges) > 1:
             out["edge_sequences"] = {edge.dest_task: dict(edge.sequences)
                                      for edge in self.edges}
+        timed = {edge.dest_task: edge.header() for edge in self.edges
+                 if isinstance(edge, TimedShuffle)}
+        if timed:  # only a job with event time has it
+            out["event_time"] = timed
         return out
 
     def restore(self, saved: dict[str, Any]) -> None:
@@ -133,3 +145,7 @@ class Outbound:
             else:
                 found = saved.get("out_sequences", {}) if i == 0 else {}
             edge.sequences = {int(p): int(s) for p, s in found.items()}
+            timed = saved.get("event_time") or {}
+            mark = timed.get(edge.dest_task, timed.get(str(edge.dest_task)))
+            if mark is not None and isinstance(edge, TimedShuffle):
+                edge.restore(mark)

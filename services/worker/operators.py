@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gridstream.deadletters import encode_error, encode_record
+from gridstream.eventtime import user_params, window_config
 from gridstream.jobspec import Stage, resolve
+from services.worker.windows import Event, WindowStep
 
 Keys = list[Any] | None
 Values = list[Any]
@@ -252,6 +254,8 @@ class OperatorChain:
         self.states: dict[str, dict[Any, Any]] = {}
         self.touched: dict[str, set[Any]] = {}
         self._steps: list[StageFn] = []
+        self.windows: list[WindowStep] = []
+        """The chain's window stages (told each batch's channel and watermark)."""
         self.has_sink = bool(stages) and stages[-1].kind == "sink"
         self.append_sink = self.has_sink and stages[-1].mode == "append"
         """An append sink keeps every record: rows by batch and index, as the
@@ -267,6 +271,9 @@ class OperatorChain:
                     self.touched[stage.name] = set()
                 continue
             fn = resolve(stage.function, f"{where}, stage {stage.name}")
+            if stage.kind == "window":
+                self._window(stage, fn, where)
+                continue
             if stage.params:  # params travel as data: fn(..., **params) on every call
                 fn = functools.partial(fn, **stage.params)
             if stage.kind == "map":
@@ -290,9 +297,30 @@ class OperatorChain:
             else:  # pragma: no cover - validated by jobspec
                 raise ValueError(f"unknown stage kind {stage.kind}")
 
-    def process(self, keys: Keys, values: Values, batch_id: str) -> ChainResult:
+    def _window(self, stage: Stage, fn: Callable[..., Any], where: str) -> None:
+        params = user_params(stage.params)
+        if params:
+            fn = functools.partial(fn, **params)
+        stamp = resolve(window_config(stage.params, where).timestamp,
+                        f"{where}, stage {stage.name}, timestamp")
+        marks = stage.name + "@wm"
+        for name in (stage.name, marks):
+            self.states[name] = {}
+            self.touched[name] = set()
+        step = WindowStep(stage, fn, stamp, functools.partial(_fresh, stage.initial),
+                          self.states[stage.name], self.touched[stage.name],
+                          self.states[marks], self.touched[marks])
+        self.windows.append(step)
+        self._steps.append(step.run)
+
+    def process(self, keys: Keys, values: Values, batch_id: str,
+                event: Event | None = None) -> ChainResult:
         """Runs one batch through every stage. ``batch_id`` (the entry's channel
-        and sequence) makes dead-letter and sink-row ids stable across replays."""
+        and sequence) makes dead-letter and sink-row ids stable across replays;
+        ``event`` is what a window stage needs of the batch (its channel and
+        watermark)."""
+        for window in self.windows:
+            window.event = event
         dead_list: list[DeadLetter] = []
         dead = _DeadLetters(batch_id, dead_list)
         for step in self._steps:

@@ -65,6 +65,7 @@ from services.worker.snapshots import (
 from services.worker.standby import Standby, StandbyShipper
 from services.worker.taskprogress import task_progress
 from services.worker.tracking import TaskTracking
+from services.worker.watermarks import batch_watermark, event_inputs
 
 if TYPE_CHECKING:
     from services.worker.trackers import TrackingReporter
@@ -119,6 +120,7 @@ class TaskRunner:
                                          batch_records)
         """Every edge the task's output goes on (none for a task ending in a sink)."""
         self.row_prefix = sink_row_prefix(spec, stages)
+        self.event_inputs = event_inputs(spec, task_index)  # None: no window stage first
         self.files = writer_of(self.chain, job_id, partition, lambda: self.chain,
                                lambda: self.epoch, self.operator_id)
         """The task's files sink, when its chain ends in one."""
@@ -323,7 +325,9 @@ class TaskRunner:
         the error is logged at ERROR. A replay meets the same error at the
         same point, so the outcome is deterministic."""
         try:
-            result = self.chain.process(entry.keys, entry.values, batch_id)
+            event = None if self.event_inputs is None else (
+                entry.channel, batch_watermark(entry.batch), self.event_inputs)
+            result = self.chain.process(entry.keys, entry.values, batch_id, event)
             segments: list[OutSegment] = []
             if result.values:
                 segments = self.outbound.split(result.keys, result.values, batch_id,

@@ -1,0 +1,66 @@
+"""Event-time operators of a dataflow: ``with_timestamps`` and ``window``
+(docs/eventtime.md). A window stage's output is tagged (fired windows and late
+records); :class:`WindowedStream` is its fired windows, and
+:meth:`WindowedStream.late` the side output of late records."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gridstream.dataflow._functions import FunctionLike, check_call, function_path
+from gridstream.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from gridstream.dataflow._flow import Dataflow
+
+FIRED_FN = "gridstream.eventtime:fired_windows"
+LATE_FN = "gridstream.eventtime:late_records"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A stream's event time: the timestamp function, the bound on disorder
+    and the idle timeout, given to the next window."""
+
+    timestamp: FunctionLike
+    max_delay: float = 0
+    idle_timeout: float | None = None
+
+
+def window_params(flow: Dataflow, name: str, timing: Timing | None,
+                  tumbling: float | None, sliding: tuple[float, float] | None,
+                  session: float | None, lateness: float) -> dict[str, Any]:
+    """The ``params["window"]`` of a window operator, from its arguments."""
+    where = f"dataflow {flow.name}, operator {name!r}"
+    if timing is None:
+        raise InvalidArgument(f"{where}: a window needs event time: call "
+                              ".with_timestamps(fn, max_delay=...) on the stream first")
+    given = [g for g in (tumbling, sliding, session) if g is not None]
+    if len(given) != 1:
+        raise InvalidArgument(f"{where}: give exactly one of tumbling=size, "
+                              "sliding=(size, slide), session=gap")
+    path = function_path(timing.timestamp, f"{where}, timestamp")
+    check_call(timing.timestamp, 1, {}, f"{where}, timestamp")
+    config: dict[str, Any] = {"timestamp": path, "max_delay": timing.max_delay,
+                              "lateness": lateness}
+    if timing.idle_timeout is not None:
+        config["idle_timeout"] = timing.idle_timeout
+    if tumbling is not None:
+        config.update(type="tumbling", size=tumbling)
+    elif sliding is not None:
+        config.update(type="sliding", size=sliding[0], slide=sliding[1])
+    else:
+        config.update(type="session", gap=session)
+    return config
+
+
+def add_window(flow: Dataflow, name: str, inputs: tuple[str, ...], fn: FunctionLike,
+               key: FunctionLike, initial: Any, params: Mapping[str, Any] | None,
+               config: dict[str, Any]) -> tuple[str, str]:
+    """Adds the window stage and the stage of its fired windows; returns both names."""
+    stage = flow.add("window", name, inputs, fn, key=key, initial=initial,
+                     params={**(params or {}), "window": config})
+    fired = flow.add("flat_map", f"{name}.fired", (stage,), FIRED_FN)
+    return stage, fired

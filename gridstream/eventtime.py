@@ -1,0 +1,148 @@
+"""Event time: a ``window`` stage's configuration, window assignment, and the
+functions that split a window stage's output into fired windows and late
+records (docs/eventtime.md).
+
+A ``window`` stage keeps, per key, the windows not fired yet. Its
+configuration is ``params["window"]``:
+
+- ``type``: ``tumbling`` (``size``), ``sliding`` (``size`` and ``slide``) or
+  ``session`` (``gap``), in the unit the timestamp function returns;
+- ``timestamp``: the import path of ``fn(record) -> number``, the record's
+  event time, run on the sending side of the shuffle into the stage;
+- ``max_delay``: bounded out-of-orderness: a sending partition's watermark is
+  the highest event time it has seen minus ``max_delay``;
+- ``lateness``: allowed lateness: a window fires once, when the stage's
+  watermark reaches its end plus ``lateness``;
+- ``idle_timeout`` (optional): an input partition whose watermark is more than
+  this behind the most advanced one does not hold the stage's time back.
+
+Everything is derived from the records, never from a clock, so a replay
+computes the same watermarks and fires the same windows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gridstream.errors import InvalidArgument
+
+WINDOW_TYPES = ("tumbling", "sliding", "session")
+FIRED = "window"
+"""The tag of a fired window in a window stage's output."""
+LATE = "late"
+"""The tag of a late record in a window stage's output."""
+
+
+@dataclass(frozen=True)
+class WindowConfig:
+    """A window stage's ``params["window"]``, checked."""
+
+    type: str
+    size: float
+    slide: float
+    gap: float
+    lateness: float
+    timestamp: str
+    max_delay: float
+    idle_timeout: float | None
+
+    @property
+    def tick(self) -> float:
+        """How far a sender's watermark advances before it tells the
+        partitions it sent no records to (an empty batch carrying it)."""
+        return self.gap if self.type == "session" else min(self.size, self.slide)
+
+    def windows(self, ts: float) -> list[tuple[float, float]]:
+        """The [start, end) windows an event time falls in (a session's is
+        ``[ts, ts + gap)``, merged with the key's overlapping ones)."""
+        if self.type == "session":
+            return [(ts, ts + self.gap)]
+        last = math.floor(ts / self.slide) * self.slide
+        out = []
+        start = last
+        while start > ts - self.size:
+            out.append((start, start + self.size))
+            start -= self.slide
+        out.reverse()
+        return out
+
+
+def _number(raw: Mapping[str, Any], name: str, where: str, default: float | None = None,
+            positive: bool = True) -> float:
+    value = raw.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidArgument(f"{where}: window {name} must be a number, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise InvalidArgument(f"{where}: window {name} must be "
+                              f"{'positive' if positive else 'at least 0'}, got {value!r}")
+    return value  # an int stays one, so windows of whole seconds have whole bounds
+
+
+def window_config(params: Mapping[str, Any], where: str) -> WindowConfig:
+    """The window configuration of a stage's params, or InvalidArgument saying
+    what is wrong."""
+    raw = params.get("window")
+    if not isinstance(raw, Mapping):
+        raise InvalidArgument(f"{where}: a window stage needs params.window, e.g. "
+                              "{type = \"tumbling\", size = 60, timestamp = \"pkg.mod:fn\"}")
+    known = {"type", "size", "slide", "gap", "lateness", "timestamp", "max_delay",
+             "idle_timeout"}
+    unknown = set(raw) - known
+    if unknown:
+        raise InvalidArgument(f"{where}: unknown window settings {sorted(unknown)}; "
+                              f"known: {sorted(known)}")
+    kind = raw.get("type", "tumbling")
+    if kind not in WINDOW_TYPES:
+        raise InvalidArgument(f"{where}: window type {kind!r} is not one of "
+                              f"{', '.join(WINDOW_TYPES)}")
+    timestamp = raw.get("timestamp")
+    if not isinstance(timestamp, str) or ":" not in timestamp:
+        raise InvalidArgument(f"{where}: window timestamp must be the import path "
+                              "'package.module:function' of fn(record) -> event time")
+    size = slide = gap = 0.0
+    if kind == "session":
+        gap = _number(raw, "gap", where)
+    else:
+        size = _number(raw, "size", where)
+        slide = _number(raw, "slide", where, size) if kind == "sliding" else size
+        if slide > size:
+            raise InvalidArgument(f"{where}: window slide {slide} is larger than size {size}")
+    idle = raw.get("idle_timeout")
+    return WindowConfig(kind, size, slide, gap, _number(raw, "lateness", where, 0, False),
+                        timestamp, _number(raw, "max_delay", where, 0, False),
+                        None if idle is None else _number(raw, "idle_timeout", where))
+
+
+def event_time(timestamp: Callable[[Any], Any], record: Any) -> float:
+    """``timestamp(record)``, checked: a finite int or float (else TypeError or
+    ValueError, which dead-letters the record at the window stage)."""
+    ts = timestamp(record)
+    if isinstance(ts, bool) or not isinstance(ts, int | float):
+        raise TypeError(f"event time must be a number, got {type(ts).__name__}")
+    if not math.isfinite(ts):
+        raise ValueError(f"event time {ts} is not finite")
+    return ts
+
+
+def user_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A window stage's params without its configuration: the keyword
+    arguments of its function."""
+    return {k: v for k, v in params.items() if k != "window"}
+
+
+def fired_windows(value: Any) -> Iterator[Any]:
+    """flat_map over a window stage's output: each fired window, as
+    ``{"key", "start", "end", "value"}``."""
+    if isinstance(value, dict) and value.get("tag") == FIRED:
+        yield {"key": value["key"], "start": value["start"], "end": value["end"],
+               "value": value["value"]}
+
+
+def late_records(value: Any) -> Iterator[Any]:
+    """flat_map over a window stage's output: each late record, as it was sent
+    to the stage (the side output of records whose windows had fired)."""
+    if isinstance(value, dict) and value.get("tag") == LATE:
+        yield value["record"]

@@ -1,0 +1,183 @@
+"""Event-time windows on a worker: the sending side's watermark
+(:class:`TimedShuffle`) and the ``window`` stage (:class:`WindowStep`).
+
+The shuffle into a window stage runs the stage's timestamp function on every
+record it sends and keeps the highest event time this partition has seen; its
+watermark (that minus ``max_delay``) rides on every segment it sends
+(``RecordBatch.watermark``), and an empty segment carries it to a partition
+the batch had no records for, once it advanced by a tick (the window's size,
+slide or gap). Both numbers are part of the sender's window snapshot (the
+edge's header), so a replay sends the same watermarks with the same
+sequences.
+
+The window stage keeps, per input channel (``t<task>/p<partition>``), the
+newest watermark it heard; the stage's watermark is the minimum over every
+channel its upstream tasks can send on (one never heard holds time back),
+leaving out channels more than ``idle_timeout`` behind the most advanced.
+When it advances, every window whose end plus ``lateness`` it reached fires,
+once, in a fixed order (end, start, key), and leaves the state; a record whose
+windows have all fired is late and goes to the stage's output tagged as such
+(the side output, :func:`gridstream.eventtime.late_records`). Windows and
+watermarks are keyed state of the stage (the watermarks under the stage's
+name plus ``@wm``), so they are in every window snapshot: a task restored
+from one neither fires a window again nor skips one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from gridstream.eventtime import FIRED, LATE, WindowConfig, event_time, window_config
+from gridstream.jobspec import Stage
+
+Event = tuple[str, float | None, tuple[str, ...]]
+"""What a window stage needs of a batch besides its records: the channel it
+came on, the watermark it carries (None: none) and every channel the stage's
+task can hear from."""
+TASK = "@task"
+"""The stage's own watermark, in its ``@wm`` state."""
+
+
+def _order(key: Any) -> tuple[str, Any]:
+    return type(key).__name__, key
+
+
+class WindowStep:
+    """The ``window`` stage of one partition (see the module docstring)."""
+
+    def __init__(self, stage: Stage, fn: Callable[[Any, Any], Any],
+                 timestamp: Callable[[Any], Any], fresh: Callable[[], Any],
+                 state: dict[Any, Any], touched: set[Any], marks: dict[Any, Any],
+                 marks_touched: set[Any]) -> None:
+        self.stage = stage
+        self.config: WindowConfig = window_config(stage.params, stage.name)
+        self.fn = fn
+        self.timestamp = timestamp
+        self.fresh = fresh
+        self.state = state
+        """key -> [[start, end, acc], ...]; a session's acc is its [ts, value]s."""
+        self.touched = touched
+        self.marks = marks
+        """channel -> watermark heard, and ``@task`` -> the stage's watermark."""
+        self.marks_touched = marks_touched
+        self.event: Event | None = None
+        self._first_end = -math.inf
+        """No window in the state ends before this (-inf: unknown, look)."""
+
+    @property
+    def watermark(self) -> float:
+        """The stage's watermark (-inf before any)."""
+        return float(self.marks.get(TASK, -math.inf))
+
+    def run(self, keys: list[Any] | None, values: list[Any],
+            dead: Any) -> tuple[list[Any], list[Any]]:
+        if keys is None:
+            raise RuntimeError(f"stage {self.stage.name} is keyed but received records "
+                               "without keys")
+        out_k: list[Any] = []
+        out_v: list[Any] = []
+        cfg = self.config
+        mark = self.watermark
+        due = mark - cfg.lateness  # a window ending at or before this has fired
+        for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+            try:
+                ts = event_time(self.timestamp, v)
+                if cfg.type == "session":
+                    late = ts + cfg.gap <= due
+                    if not late:
+                        self._add_session(k, ts, v)
+                else:
+                    windows = [w for w in cfg.windows(ts) if w[1] > due]
+                    late = not windows
+                    if not late:
+                        self._add(k, windows, v)
+            except Exception as exc:
+                dead.add(self.stage.name, i, k, v, exc)
+                continue
+            if late:
+                out_k.append(k)
+                out_v.append({"tag": LATE, "key": k, "time": ts, "record": v})
+        if self.event is not None:
+            self._advance(self.event, out_k, out_v)
+        return out_k, out_v
+
+    def _add(self, key: Any, windows: list[tuple[float, float]], value: Any) -> None:
+        panes = self.state.get(key)
+        panes = [list(p) for p in panes] if panes is not None else []
+        for start, end in windows:
+            for pane in panes:
+                if pane[0] == start and pane[1] == end:
+                    pane[2] = self.fn(pane[2], value)
+                    break
+            else:
+                panes.append([start, end, self.fn(self.fresh(), value)])
+                self._first_end = min(self._first_end, end)
+        self.state[key] = panes
+        self.touched.add(key)
+
+    def _add_session(self, key: Any, ts: float, value: Any) -> None:
+        start, end, items = ts, ts + self.config.gap, [[ts, value]]
+        kept = []
+        for pane in self.state.get(key) or []:
+            if pane[0] < end and start < pane[1]:  # overlapping sessions merge
+                start, end = min(start, pane[0]), max(end, pane[1])
+                items = list(pane[2]) + items
+            else:
+                kept.append(pane)
+        kept.append([start, end, items])
+        self._first_end = min(self._first_end, end)
+        self.state[key] = kept
+        self.touched.add(key)
+
+    def _advance(self, event: Event, out_k: list[Any], out_v: list[Any]) -> None:
+        channel, mark, inputs = event
+        if mark is None:
+            return
+        if mark > self.marks.get(channel, -math.inf):
+            self.marks[channel] = mark
+            self.marks_touched.add(channel)
+        heard = [float(self.marks.get(c, -math.inf)) for c in inputs]
+        idle = self.config.idle_timeout
+        if idle is not None and heard:
+            ahead = max(heard)
+            heard = [m for m in heard if m >= ahead - idle] or [ahead]
+        now = min(heard) if heard else -math.inf
+        if now <= self.watermark:
+            return
+        self.marks[TASK] = now
+        self.marks_touched.add(TASK)
+        self._fire(now - self.config.lateness, out_k, out_v)
+
+    def _fire(self, due: float, out_k: list[Any], out_v: list[Any]) -> None:
+        if due < self._first_end:
+            return  # nothing ends this early: no need to look
+        fired: list[tuple[float, float, tuple[str, Any], Any, Any]] = []
+        first = math.inf
+        for key, panes in self.state.items():
+            for p in panes:
+                if p[1] <= due:
+                    fired.append((p[1], p[0], _order(key), key, p[2]))
+                else:
+                    first = min(first, p[1])
+        self._first_end = first
+        if not fired:
+            return
+        fired.sort(key=lambda f: (f[0], f[1], f[2]))
+        for end, start, _, key, acc in fired:
+            if self.config.type == "session":
+                value = self.fresh()
+                for _, item in sorted(acc, key=lambda pair: pair[0]):
+                    value = self.fn(value, item)
+                acc = value
+            out_k.append(key)
+            out_v.append({"tag": FIRED, "key": key, "start": start, "end": end, "value": acc})
+        for key in {f[3] for f in fired}:
+            left = [p for p in self.state[key] if p[1] > due]
+            if left:
+                self.state[key] = left
+            else:
+                del self.state[key]
+            self.touched.add(key)
+

@@ -1,0 +1,230 @@
+"""Event time: watermarks carried on the segments into a window stage (the
+minimum over the stage's input channels, idle ones left out), tumbling,
+sliding and session windows firing once, allowed lateness and the side
+output of late records, and recovery from a snapshot neither firing a window
+again nor skipping one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gridstream.dataflow import Dataflow
+from gridstream.errors import InvalidArgument
+from gridstream.examples import trips
+from gridstream.ids import partition_for_key
+from gridstream.jobspec import JobSpec, Stage, validate
+from gridstream.taskplan import plan_graph
+from gridstream.testing import TestSource, run_local
+from gridstream.testing._runner import _Run, source_batches
+from services.worker.operators import OperatorChain
+from services.worker.watermarks import event_inputs
+
+
+def stamp(record: dict[str, Any]) -> float:
+    return float(record["t"])
+
+
+def key_of(record: dict[str, Any]) -> str:
+    return str(record["k"])
+
+
+def add(total: int, record: dict[str, Any]) -> int:
+    return total + int(record["v"])
+
+
+def key_in(partition: int, partitions: int, n: int = 0) -> str:
+    """A key of ``partition``: records sent with it reach that source partition."""
+    found = [k for k in (f"key{i}" for i in range(500))
+             if partition_for_key(k, partitions) == partition]
+    return found[n]
+
+
+def flow(partitions: int = 1, *, max_delay: float = 0, idle_timeout: float | None = None,
+         lateness: float = 0, **window: Any) -> Dataflow:
+    f = Dataflow("ev", partitions=partitions)
+    fired = (f.source().with_timestamps(stamp, max_delay=max_delay, idle_timeout=idle_timeout)
+             .key_by(key_of).window("w", add, initial=0, lateness=lateness, **window))
+    fired.sink("fired", mode="append")
+    fired.late("late_records").sink("late", mode="append")
+    return f
+
+
+def run(f: Dataflow, records: list[dict[str, Any]], partitions: int = 1) -> Any:
+    return run_local(f, TestSource(records, keys=[r["k"] for r in records], batch_size=1),
+                     partitions=partitions)
+
+
+def windows(result: Any) -> list[tuple[str, float, float, int]]:
+    return sorted((r["key"], r["start"], r["end"], r["value"])
+                  for r in result.sink("fired").records)
+
+
+def rec(k: str, t: float, v: int = 1) -> dict[str, Any]:
+    return {"k": k, "t": t, "v": v}
+
+
+def test_trips_windows_fire_once_with_the_reference_values() -> None:
+    keys, values = trips.generate(3_000)
+    closing_keys, closing = trips.closing(4)
+    result = run_local(trips.flow(4), TestSource(values + closing, keys=keys + closing_keys,
+                                                 batch_size=100))
+    assert trips.summaries(result.sink("summaries").records) == trips.reference(values)
+    assert result.sink("late").records == [] and result.dead_letters == []
+
+
+def test_tumbling_fires_when_the_watermark_passes_and_late_records_go_to_the_side() -> None:
+    data = [rec("a", 1), rec("a", 4), rec("b", 9), rec("a", 25), rec("a", 5, 7), rec("a", 99)]
+    result = run(flow(tumbling=10), data)
+    # t=25 moved the watermark past [0, 10): it fired without the t=5 record,
+    # which is late and read from the side output; [20, 30) fired at t=99.
+    assert windows(result) == [("a", 0, 10, 2), ("a", 20, 30, 1), ("b", 0, 10, 1)]
+    assert result.sink("late").records == [rec("a", 5, 7)]
+
+
+def test_allowed_lateness_keeps_a_window_open_and_max_delay_holds_time_back() -> None:
+    data = [rec("a", 1), rec("a", 25), rec("a", 5, 7), rec("a", 99)]
+    assert windows(run(flow(tumbling=10, lateness=20), data)) == [
+        ("a", 0, 10, 8), ("a", 20, 30, 1)]
+    assert windows(run(flow(tumbling=10, max_delay=16), data)) == [
+        ("a", 0, 10, 8), ("a", 20, 30, 1)]
+    late = run(flow(tumbling=10, lateness=14), data)  # 25 >= 10 + 14: fired before t=5
+    assert windows(late) == [("a", 0, 10, 1), ("a", 20, 30, 1)]
+    assert late.sink("late").records == [rec("a", 5, 7)]
+
+
+def test_sliding_and_session_windows() -> None:
+    data = [rec("a", 7), rec("a", 12), rec("a", 100)]
+    assert windows(run(flow(sliding=(10, 5)), data)) == [
+        ("a", 0, 10, 1), ("a", 5, 15, 2), ("a", 10, 20, 1)]
+    data = [rec("a", 0), rec("a", 5), rec("a", 30, 4), rec("b", 25), rec("a", 38, 2),
+            rec("b", 2), rec("a", 100)]
+    sessions = run(flow(session=10), data)
+    assert windows(sessions) == [("a", 0, 15, 2), ("a", 30, 48, 6), ("b", 25, 35, 1)]
+    assert sessions.sink("late").records == [rec("b", 2)]
+
+
+def test_the_slowest_input_partition_holds_time_back_unless_idle() -> None:
+    slow, fast = key_in(0, 2), key_in(1, 2)
+    data = [rec(slow, 1), rec(fast, 2)] + [rec(fast, t) for t in range(10, 500, 10)]
+    held = run(flow(2, tumbling=10), data, partitions=2)
+    assert windows(held) == []  # partition 0 is at t=1: nothing may fire
+    idle = run(flow(2, tumbling=10, idle_timeout=100), data, partitions=2)
+    assert (slow, 0, 10, 1) in windows(idle) and (fast, 0, 10, 1) in windows(idle)
+    # partition 0, more than 100 behind, is idle: time is partition 1's, 490
+    assert (fast, 480, 490, 1) in windows(idle) and (fast, 490, 500, 1) not in windows(idle)
+
+
+def window_batches(job: JobSpec, records: list[dict[str, Any]]) -> tuple[Any, list[Any]]:
+    """The batches the window task of ``job`` receives, as a worker gets them."""
+    local = _Run(job)
+    plan = plan_graph(job)
+    batches = source_batches(TestSource(records, keys=[r["k"] for r in records],
+                                        batch_size=3), job.partitions)
+    sent = local.process(plan.tasks[0], sorted(batches, key=lambda b: b.partition))
+    return plan.tasks[1], [b for b in sent[1] if b.partition == 0]
+
+
+def outputs(chain: OperatorChain, batches: list[Any], inputs: tuple[str, ...]) -> list[Any]:
+    out: list[Any] = []
+    for b in batches:
+        result = chain.process(b.keys, b.values, b.batch_id, (b.channel, b.watermark, inputs))
+        out.append(result.values)
+    return out
+
+
+@pytest.mark.parametrize("drop_marks", [False, True])
+def test_a_task_restored_from_any_snapshot_neither_fires_again_nor_skips(
+        drop_marks: bool) -> None:
+    job = flow(2, tumbling=10, max_delay=3).job().with_defaults(2, 1)
+    records = [rec(key_in(i % 2, 2, i % 3), t) for i, t in enumerate(range(0, 300, 2))]
+    task, batches = window_batches(job, records)
+    inputs = event_inputs(job, 1)
+    assert inputs == ("t0/p0", "t0/p1")
+    assert all(b.watermark is not None for b in batches)
+    assert any(not b.values for b in batches)  # a watermark alone, to a partition
+    fresh = OperatorChain(list(task.stages), "test")
+    whole = outputs(fresh, batches, inputs)
+    fired = [row for rows in whole for row in rows]
+    assert len(fired) > 20 and len({(r["key"], r["start"]) for r in fired}) == len(fired)
+    mismatches = 0
+    for cut in range(len(batches)):
+        before = OperatorChain(list(task.stages), "test")
+        outputs(before, batches[:cut], inputs)
+        saved = before.capture_full()
+        after = OperatorChain(list(task.stages), "test")
+        after.apply_entries([[stage, k, v] for stage, state in saved.items()
+                             for k, v in state.items()
+                             if not (drop_marks and stage.endswith("@wm"))])
+        mismatches += outputs(after, batches[cut:], inputs) != whole[cut:]
+    assert (mismatches > 0) == drop_marks
+
+
+def test_the_sender_restored_from_its_header_sends_the_same_watermarks() -> None:
+    job = flow(2, tumbling=10, max_delay=3).job().with_defaults(2, 1)
+    records = [rec(key_in(i % 2, 2), t) for i, t in enumerate(range(0, 100, 3))]
+    local = _Run(job)
+    upstream = plan_graph(job).tasks[0]
+    edge = local.outbound(upstream, 0)
+    values = [[r] for r in records]
+    first = [edge.split([r["k"] for r in v], v, f"b{i}", []) for i, v in enumerate(values)]
+    marks = [[(s.partition, s.sequence, s.encode().watermark) for s in segs] for segs in first]
+    header = None
+    for cut in range(1, len(values)):
+        again = _Run(job).outbound(upstream, 0)
+        replay = _Run(job).outbound(upstream, 0)
+        for i, v in enumerate(values[:cut]):
+            again.split([r["k"] for r in v], v, f"b{i}", [])
+        header = again.header()
+        assert "event_time" in header
+        replay.restore(header)
+        rest = [[(s.partition, s.sequence, s.encode().watermark)
+                 for s in replay.split([r["k"] for r in v], v, f"b{cut + i}", [])]
+                for i, v in enumerate(values[cut:])]
+        assert rest == marks[cut:]
+
+
+def test_jobs_without_event_time_carry_no_watermark() -> None:
+    f = Dataflow("plain", partitions=2)
+    f.source().key_by(key_of).reduce("sum", add, initial=0).sink("out")
+    job = f.job().with_defaults(2, 1)
+    edge = _Run(job).outbound(plan_graph(job).tasks[0], 0)
+    segments = edge.split(["a", "b"], [rec("a", 1), rec("b", 2)], "b0", [])
+    assert segments and not any(s.encode().HasField("watermark") for s in segments)
+    assert set(edge.header()) == {"out_sequences"}
+    assert event_inputs(job, 1) is None
+
+
+def test_window_stages_are_checked_and_travel_on_the_wire() -> None:
+    job = flow(tumbling=10).job()
+    assert JobSpec.from_proto(job.to_proto()) == job
+    good = job.stages[0]
+    for bad, message in (({"type": "hopping", "size": 1, "timestamp": "a.b:c"}, "type"),
+                         ({"size": 0, "timestamp": "a.b:c"}, "size"),
+                         ({"size": 5}, "timestamp"),
+                         ({"type": "sliding", "size": 5, "slide": 9, "timestamp": "a.b:c"},
+                          "slide"),
+                         ({"size": 5, "timestamp": "a.b:c", "every": 1}, "unknown")):
+        stage = Stage(good.name, "window", good.function, good.key, 0, (),
+                      {"window": bad})
+        with pytest.raises(InvalidArgument, match=message):
+            validate(JobSpec("ev", (stage, Stage("out", "sink")), 1))
+    with pytest.raises(InvalidArgument, match="with_timestamps"):
+        Dataflow("x").source().key_by(key_of).window("w", add, initial=0, tumbling=1)
+    with pytest.raises(InvalidArgument, match="exactly one"):
+        Dataflow("x").source().with_timestamps(stamp).key_by(key_of).window(
+            "w", add, initial=0, tumbling=1, session=2)
+
+
+def test_snapshot_every_is_window_size_by_its_unmistakable_name() -> None:
+    from gridstream.jobspec import from_mapping
+
+    stages = [{"name": "out", "kind": "sink"}]
+    assert from_mapping({"job": {"snapshot_every": 500}, "stages": stages}).window_size == 500
+    assert from_mapping({"job": {"window_size": 400}, "stages": stages}).window_size == 400
+    with pytest.raises(InvalidArgument, match="snapshot_every"):
+        from_mapping({"job": {"snapshot_every": 5, "window_size": 6}, "stages": stages})
+    assert Dataflow("d", snapshot_every=300).window_size == 300
+    with pytest.raises(InvalidArgument, match="snapshot_every"):
+        Dataflow("d", snapshot_every=3, window_size=4)

@@ -1,0 +1,15 @@
+"""docs/eventtime.md's examples run as written (in one process, no cluster)
+and give the results they assert."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.integration.test_docs_examples import examples, run_document
+
+
+async def test_the_event_time_guide_examples_run(tmp_path: Path) -> None:
+    assert [e.kind for e in examples("docs/eventtime.md")] == ["file", "script", "script"]
+    outputs = await run_document("docs/eventtime.md", tmp_path)
+    assert outputs[0].startswith("[('a', 0, [3, 1040])")
+    assert outputs[1].endswith("windows, as the reference\n")
