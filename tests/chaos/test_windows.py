@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.slow]
 
 
 async def test_windows_fire_once_with_reference_values_under_kills(tmp_path: Path) -> None:
-    config = replace(Config(), cluster=ClusterConfig(window_size=500, partitions=8,
+    config = replace(Config(), cluster=ClusterConfig(window_size=5_000, partitions=8,
                                                      backup_count=1))
     steps = [Step("kill", 3.0), Step("kill", 4.5, again=True), Step("kill", 8.0)]
     run = await run_trips(steps, tmp_path, records=20_000, stream_s=12.0, config=config,
