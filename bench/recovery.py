@@ -18,6 +18,9 @@ records:
 - processing: SIGKILL to every victim counting partition restored on its
   new owner (ready to process);
 - acked: SIGKILL to a probe batch acknowledged on every victim partition;
+- handback: the victim restarts 10 s after the kill and its partitions go
+  back to it; the longest restore there (a whole read: a restarted worker
+  holds no standby);
 - heartbeat gap: the longest heartbeat age of a live worker seen by the
   scheduler during the run (0.25 s interval; the scheduler's own lag counts);
 - loop lag: the worst event-loop lag the workers measured themselves
@@ -58,6 +61,10 @@ from gridstream.ids import partition_for_key
 from gridstream.local import LocalCluster
 
 PARTITIONS = 12
+RESTART_DELAY_S = 10.0
+"""The victim comes back this long after the kill (a supervisor restarting
+with a backoff): after the takeover, so the takeover and the handback to the
+restarted worker are measured apart."""
 WORDS_PER_LINE = 10
 _LAG = re.compile(r"^(\S+ \S+) .*event loop lag: worst (\d+\.\d+) s in the last \S+ s, "
                   r"(\d+\.\d+) s of it computing")
@@ -86,13 +93,13 @@ async def acked_time(client: Client, job_id: str, partitions: list[int], keys: d
     return max(await asyncio.gather(*(one(p) for p in partitions)))
 
 
-def restored_after(log_dir: Path, partitions: list[int], since_wall: float
-                   ) -> dict[int, tuple[float, float, bool]]:
+def restored_after(log_dir: Path, partitions: list[int], since_wall: float,
+                   workers: str = "worker-*") -> dict[int, tuple[float, float, bool]]:
     """partition -> (wall time, restore seconds, whether it adopted a standby)
     of the first restore of its counting task from a snapshot after
-    ``since_wall``, from the workers' logs."""
+    ``since_wall``, from the logs of the ``workers`` (a file name pattern)."""
     found: dict[int, tuple[float, float, bool]] = {}
-    for path in sorted(log_dir.glob("worker-*.log")):
+    for path in sorted(log_dir.glob(f"{workers}.log")):
         for line in path.read_text(errors="replace").splitlines():
             match = _STARTED.match(line)
             if match is None or match[3] == "None":
@@ -180,7 +187,7 @@ async def run_size(keys: int, seed: int, keep: Path | None = None) -> dict[str, 
     with tempfile.TemporaryDirectory(prefix="gridstream-recovery-") as temp_dir:
         run_dir = str(keep / f"{keys}") if keep else temp_dir
         cluster = LocalCluster(run_dir, Config(), workers=3, state_servers=2, supervise=True,
-                               restart_delay_s=2.0)
+                               restart_delay_s=RESTART_DELAY_S)
         async with cluster, Client(cluster.scheduler_address, batch_size=2_000) as client:
             job_id = await client.submit(wordcount.job(partitions=PARTITIONS))
             gaps: dict[str, float] = {}
@@ -237,6 +244,11 @@ async def run_size(keys: int, seed: int, keep: Path | None = None) -> dict[str, 
             feeding.clear()
             await load
             await wait_healthy(client, job_id, 3, timeout_s=300)
+            back = {}
+            while len(back) < len(owned) and time.monotonic() < deadline + 300:
+                back = restored_after(log_dir, owned, wall + RESTART_DELAY_S, victim)
+                await asyncio.sleep(0.1)
+            figures["handback_s"] = max((r for _, r, _ in back.values()), default=float("nan"))
             await client.drain(job_id, timeout_s=1800)
             stop.set()
             await watcher
@@ -259,14 +271,14 @@ async def run_size(keys: int, seed: int, keep: Path | None = None) -> dict[str, 
 def table(rows: list[dict[str, float]]) -> str:
     head = (f"{'keys':>10}{'bytes/window':>14}{'max':>10}{'whole part.':>13}{'restore s':>11}"
             f"{'processing s':>14}{'acked s':>9}{'hb gap s':>10}{'loop lag s':>12}{'build s':>9}"
-            f"{'standby':>9}  results")
+            f"{'standby':>9}{'handback s':>12}  results")
     lines = [head]
     for r in rows:
         lines.append(
             f"{int(r['keys']):>10,}{r['window_mean']:>14,.0f}{r['window_max']:>10,.0f}"
             f"{r['whole_partition']:>13,.0f}{r['restore_s']:>11.3f}{r['processing_s']:>14.2f}"
             f"{r['acked_s']:>9.2f}{r['heartbeat_gap_s']:>10.2f}{r['loop_lag_s']:>12.2f}"
-            f"{r['build_s']:>9.1f}{r['standby_share']:>9.0%}  "
+            f"{r['build_s']:>9.1f}{r['standby_share']:>9.0%}{r['handback_s']:>12.3f}  "
             f"{'match' if r['matched'] else 'DIFFER'}")
     lines.append("heartbeat gap (s) by phase, build / steady / kill+recovery: " + ", ".join(
         f"{int(r['keys']):,}: {r['gap_build_s']:.2f} / {r['gap_steady_s']:.2f} / "
@@ -279,7 +291,9 @@ def table(rows: list[dict[str, float]]) -> str:
                      f"{int(r['keys']):,}: {r['loop_held_s']:.2f} / "
                      f"{r['loop_held_recovery_s']:.2f}" for r in rows))
     lines.append("standby: share of the victim's counting partitions whose new owner "
-                 "adopted its warm standby instead of reading the whole state")
+                 "adopted its warm standby instead of reading the whole state; handback: "
+                 "the longest restore of a partition handed back to the restarted victim "
+                 "(it holds no standby: a whole read)")
     lines.append("bytes/window: stored window deltas of the counting task under the steady "
                  "load (mean, max); whole part.: one partition's whole state (what each "
                  "window carried before deltas)")
@@ -305,6 +319,7 @@ def plot(rows: list[dict[str, float]], path: Path) -> None:
     for measure, label in (("restore_s", "restore (per task)"),
                            ("processing_s", "kill -> processing"),
                            ("acked_s", "kill -> post-kill batch acked"),
+                           ("handback_s", "handback restore (restarted victim)"),
                            ("heartbeat_gap_s", "worst heartbeat gap"),
                            ("loop_lag_s", "worst event-loop lag"),
                            ("loop_held_s", "of which computing")):
