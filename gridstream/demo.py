@@ -134,7 +134,10 @@ async def run_trips_on(scheduler: str, records: int, batch_size: int = 5_000,
         seconds = time.monotonic() - started
         rows = list((await client.results(job_id, sink="summaries")).values())
         late = await client.results(job_id, sink="late")
+        joined = trips.driven(list((await client.results(job_id, sink="driven")).values()))
     problems = [f"{len(late)} trips late"] if late else []
+    if joined != trips.reference_driven(values):
+        problems.append("trips joined with drivers differ from the reference")
     try:
         fired = {f"{device}@{start}": value
                  for (device, start), value in trips.summaries(rows).items()}
@@ -145,7 +148,8 @@ async def run_trips_on(scheduler: str, records: int, batch_size: int = 5_000,
         fired, {f"{device}@{start}": value for (device, start), value in expected.items()})
     return DemoReport("trips", records, "trips", seconds, len(rows), len(expected), missing,
                       extra, different, problems,
-                      f"{len(rows):,} windows of 5 minutes, each fired once")
+                      f"{len(rows):,} windows of 5 minutes, each fired once; {len(joined):,} "
+                      "trips joined with their drivers as of their time")
 
 
 async def run_on(scheduler: str, name: str, records: int, batch_size: int = 5_000,

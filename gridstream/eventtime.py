@@ -30,6 +30,11 @@ from typing import Any
 from gridstream.errors import InvalidArgument
 
 WINDOW_TYPES = ("tumbling", "sliding", "session")
+EVENT_TIME_KINDS = ("window", "join")
+"""Stage kinds with event time (a watermark on the shuffle into them)."""
+JOIN_TYPES = ("inner", "left")
+JOINED = "joined"
+"""The tag of a joined record in a join stage's output."""
 FIRED = "window"
 """The tag of a fired window in a window stage's output."""
 LATE = "late"
@@ -48,11 +53,16 @@ class WindowConfig:
     timestamp: str
     max_delay: float
     idle_timeout: float | None
+    every: float = 0
+    """How far a sender's watermark advances before it tells the partitions
+    it sent no records to (an empty batch carrying it); 0: the window's size,
+    slide or gap."""
 
     @property
     def tick(self) -> float:
-        """How far a sender's watermark advances before it tells the
-        partitions it sent no records to (an empty batch carrying it)."""
+        """:attr:`every`, or the window's own extent."""
+        if self.every:
+            return self.every
         return self.gap if self.type == "session" else min(self.size, self.slide)
 
     def windows(self, ts: float) -> list[tuple[float, float]]:
@@ -89,21 +99,25 @@ def window_config(params: Mapping[str, Any], where: str) -> WindowConfig:
         raise InvalidArgument(f"{where}: a window stage needs params.window, e.g. "
                               "{type = \"tumbling\", size = 60, timestamp = \"pkg.mod:fn\"}")
     known = {"type", "size", "slide", "gap", "lateness", "timestamp", "max_delay",
-             "idle_timeout"}
+             "idle_timeout", "every"}
     unknown = set(raw) - known
     if unknown:
         raise InvalidArgument(f"{where}: unknown window settings {sorted(unknown)}; "
                               f"known: {sorted(known)}")
     kind = raw.get("type", "tumbling")
-    if kind not in WINDOW_TYPES:
+    types = JOIN_TYPES if kind in JOIN_TYPES else WINDOW_TYPES
+    if kind not in types:
         raise InvalidArgument(f"{where}: window type {kind!r} is not one of "
-                              f"{', '.join(WINDOW_TYPES)}")
+                              f"{', '.join(WINDOW_TYPES + JOIN_TYPES)}")
     timestamp = raw.get("timestamp")
     if not isinstance(timestamp, str) or ":" not in timestamp:
         raise InvalidArgument(f"{where}: window timestamp must be the import path "
                               "'package.module:function' of fn(record) -> event time")
     size = slide = gap = 0.0
-    if kind == "session":
+    every = _number(raw, "every", where) if "every" in raw else 0
+    if kind in JOIN_TYPES:
+        every = every or 1
+    elif kind == "session":
         gap = _number(raw, "gap", where)
     else:
         size = _number(raw, "size", where)
@@ -113,7 +127,7 @@ def window_config(params: Mapping[str, Any], where: str) -> WindowConfig:
     idle = raw.get("idle_timeout")
     return WindowConfig(kind, size, slide, gap, _number(raw, "lateness", where, 0, False),
                         timestamp, _number(raw, "max_delay", where, 0, False),
-                        None if idle is None else _number(raw, "idle_timeout", where))
+                        None if idle is None else _number(raw, "idle_timeout", where), every)
 
 
 def event_time(timestamp: Callable[[Any], Any], record: Any) -> float:
@@ -146,3 +160,45 @@ def late_records(value: Any) -> Iterator[Any]:
     to the stage (the side output of records whose windows had fired)."""
     if isinstance(value, dict) and value.get("tag") == LATE:
         yield value["record"]
+
+
+def tag(value: Any, side: str, key: str, time: str) -> list[Any]:
+    """map before a join stage: ``[side, key(value), time(value), value]``,
+    with the side's key and timestamp functions (import paths, imported as a
+    stage's functions are: only from the cluster's job modules)."""
+    return [side, _function(key)(value), _function(time)(value), value]
+
+
+def tagged_key(tagged: list[Any]) -> Any:
+    """A join stage's key: the key :func:`tag` computed."""
+    return tagged[1]
+
+
+def tagged_time(tagged: list[Any]) -> Any:
+    """A join stage's event time: the time :func:`tag` computed."""
+    return tagged[2]
+
+
+def pair(record: Any, table: Any) -> dict[str, Any]:
+    """A join's default combination: ``{"record", "table"}`` (the table side's
+    value as of the record's time, None for a left join without one)."""
+    return {"record": record, "table": table}
+
+
+def joined_records(value: Any) -> Iterator[Any]:
+    """flat_map over a join stage's output: each joined record."""
+    if isinstance(value, dict) and value.get("tag") == JOINED:
+        yield value["value"]
+
+
+_FUNCTIONS: dict[tuple[str, tuple[str, ...]], Callable[[Any], Any]] = {}
+
+
+def _function(path: str) -> Callable[[Any], Any]:
+    from gridstream.jobspec import allowed_job_modules, resolve  # they import this module
+
+    allowed = allowed_job_modules()
+    found = _FUNCTIONS.get((path, allowed))
+    if found is None:
+        found = _FUNCTIONS[(path, allowed)] = resolve(path, f"join side function {path}")
+    return found

@@ -54,7 +54,7 @@ from typing import Any
 
 from gridstream.config import ClusterConfig
 from gridstream.errors import InvalidArgument, PermissionDenied
-from gridstream.eventtime import window_config
+from gridstream.eventtime import EVENT_TIME_KINDS, window_config
 from gridstream.filesink import check_file_params
 from gridstream.v1 import common_pb2
 from gridstream.validation import MAX_NESTING, json_nesting_depth, nesting_depth, short
@@ -68,9 +68,10 @@ STAGE_KINDS: dict[str, int] = {
     "stateful": common_pb2.STAGE_KIND_STATEFUL,
     "sink": common_pb2.STAGE_KIND_SINK,
     "window": common_pb2.STAGE_KIND_WINDOW,
+    "join": common_pb2.STAGE_KIND_JOIN,
 }
 KIND_NAMES = {v: k for k, v in STAGE_KINDS.items()}
-KEYED_KINDS = frozenset({"reduce", "stateful", "window"})
+KEYED_KINDS = frozenset({"reduce", "stateful", "window", "join"})
 
 SINK_MODES: dict[str, int] = {
     "latest": common_pb2.SINK_MODE_LATEST,
@@ -373,7 +374,8 @@ def check_stage(stage: Stage, where: str) -> None:
                  f"{where}: a {stage.kind} stage needs key = 'package.module:function'")
     else:
         _require(not stage.key, f"{where}: only reduce and stateful stages take a key")
-    _require(stage.kind != "window" or bool(window_config(stage.params, where)), where)
+    _require(stage.kind not in EVENT_TIME_KINDS or bool(window_config(stage.params, where)),
+             where)
     _require(stage.kind not in ("reduce", "window") or stage.initial is not None,
              f"{where}: a reduce needs an initial accumulator, the value its function "
              "receives for a key's first record: add initial = 0 (to count or sum), "
@@ -509,17 +511,15 @@ def check_imports(job: JobSpec, allowed: tuple[str, ...] | None = None) -> None:
             resolve(stage.function, f"{where}, function", allowed)
         if stage.key:
             resolve(stage.key, f"{where}, key", allowed)
-        if stage.kind == "window":  # its timestamp function runs on the workers too
+        if stage.kind in EVENT_TIME_KINDS:  # its timestamp function runs on the workers too
             resolve(str(stage.params["window"]["timestamp"]), f"{where}, timestamp", allowed)
 
 
 def plan_tasks(job: JobSpec) -> list[list[Stage]]:
     """The stages of each task (:func:`gridstream.taskplan.plan_graph`): a new
-    task starts at every keyed stage, union and reader of a fan-out.
-
-    Task 0 receives the source records; it may be empty (pass-through) when
-    the first stage is keyed. A linear pipeline plans as it always did.
-    """
+    task starts at every keyed stage, union and reader of a fan-out; task 0
+    receives the source records (empty, a pass-through, when the first stage
+    is keyed). A linear pipeline plans as it always did."""
     from gridstream.taskplan import plan_graph  # it builds on this module
 
     return [list(task.stages) for task in plan_graph(job).tasks]
@@ -568,8 +568,8 @@ def from_mapping(data: dict[str, Any], source: str = "job") -> JobSpec:
         stages.append(stage)
     partitions = head.get("partitions", 0)
     window = head.get("snapshot_every", head.get("window_size", 0))  # records per snapshot
-    _require(head.get("window_size", window) == window, f"{source}: snapshot_every is "
-             "window_size's other name (records per state snapshot); give one of them")
+    _require(head.get("window_size", window) == window, f"{source}: give snapshot_every "
+             "(window_size's other name) or window_size")
     timeout = head.get("tracking_timeout_s", 0.0)
     _require(isinstance(partitions, int), f"{source}: partitions must be an integer")
     _require(isinstance(window, int), f"{source}: window_size must be an integer")

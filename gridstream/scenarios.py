@@ -536,7 +536,8 @@ async def run_trips(steps: list[Step], run_dir: Path, records: int = 20_000,
     supervised local cluster through the scenario: every window of the sent
     trips must fire exactly once (no row twice in the append sink of fired
     windows) with the value the in-process reference computes in event-time
-    order, and no trip may be late."""
+    order, every trip must be joined once with its driver as of its time, and
+    no trip may be late."""
     from gridstream.examples import trips
 
     rng = random.Random(seed)
@@ -573,7 +574,12 @@ async def run_trips(steps: list[Step], run_dir: Path, records: int = 20_000,
             run.undrained = str(exc)
         rows = list((await client.results(job_id, sink="summaries")).values())
         late = await client.results(job_id, sink="late")
+        joined = trips.driven(list((await client.results(job_id, sink="driven")).values()))
+        late = {**late, **await client.results(job_id, sink="late_driven")}
     run.windows = len(rows)
+    if joined != trips.reference_driven(values):
+        run.problems.append(f"{len(joined)} joined trips, not the reference's "
+                            f"{len(trips.reference_driven(values))} with their drivers")
     try:
         fired = trips.summaries(rows)
     except AssertionError as exc:

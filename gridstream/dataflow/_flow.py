@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from gridstream.dataflow._stream import Stream
 
 POSITIONAL = {"map": 1, "flat_map": 1, "filter": 1, "map_batch": 1, "reduce": 2,
-              "stateful": 2, "window": 2}
+              "stateful": 2, "window": 2, "join": 2}
 """Values the worker passes before the params, per kind (``fn(acc, value, **p)``)."""
 
 
@@ -102,7 +102,8 @@ class Dataflow:
         function = ""
         if fn is not None:
             function = function_path(fn, f"{where}, function")
-            given = {k: v for k, v in params.items() if k != "window" or kind != "window"}
+            given = {k: v for k, v in params.items()
+                     if k != "window" or kind not in ("window", "join")}
             check_call(fn, POSITIONAL.get(kind, 1), given, f"{where}, function")
         key_path = ""
         if key is not None:

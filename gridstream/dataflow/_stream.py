@@ -26,7 +26,13 @@ from typing import Any
 
 from gridstream.dataflow._flow import Dataflow
 from gridstream.dataflow._functions import FunctionLike
-from gridstream.dataflow._windows import LATE_FN, Timing, add_window, window_params
+from gridstream.dataflow._windows import (
+    LATE_FN,
+    Timing,
+    add_table_join,
+    add_window,
+    window_params,
+)
 
 Params = Mapping[str, Any] | None
 
@@ -76,6 +82,24 @@ class Stream:
         vectorised code. Records keep their keys when the list it returns is
         as long as the batch; otherwise the outputs have none."""
         return self._then("map_batch", name, fn, params)
+
+    def join_table(self, name: str, table: Stream, *, key: FunctionLike,
+                   table_key: FunctionLike, fn: FunctionLike | None = None,
+                   how: str = "inner", params: Params = None) -> WindowedStream:
+        """Enriches this stream's records with ``table``, a changelog (each of
+        its records the key's value from its event time on): each record, once
+        the watermark passes its time, as ``fn(record, table_value, **params)``
+        (default ``{"record", "table"}``) with the table's newest value for
+        ``key(record)`` (``table_key`` on the table's side) at or before the
+        record's time. ``how="left"`` keeps records whose key has no value yet
+        (``table_value`` None); ``"inner"`` drops them. Both streams need
+        event time (:meth:`with_timestamps`); records that come after the
+        watermark passed their time are the side output
+        :meth:`WindowedStream.late` (docs/eventtime.md)."""
+        stage, joined = add_table_join(self.flow, name, (self.inputs, self.timing),
+                                       (table.inputs, table.timing), key, table_key, fn, how,
+                                       params)
+        return WindowedStream(self.flow, (joined,), stage)
 
     def key_by(self, key: FunctionLike) -> KeyedStream:
         """The same records, to be grouped by ``key(value)`` (a str, int or
@@ -164,12 +188,12 @@ class KeyedStream:
 
 class WindowedStream(Stream):
     """The fired windows of a window operator, ``{"key", "start", "end",
-    "value"}`` each, keyed by the window's key."""
+    "value"}`` each, keyed by the window's key (or a join's joined records)."""
 
     def __init__(self, flow: Dataflow, inputs: tuple[str, ...], stage: str) -> None:
         super().__init__(flow, inputs)
         self.stage = stage
-        """The window stage (whose output has fired windows and late records)."""
+        """The window (or join) stage, whose output has its results and late records."""
 
     def late(self, name: str) -> Stream:
         """The side output: every record that reached the window after all its

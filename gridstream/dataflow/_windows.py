@@ -64,3 +64,38 @@ def add_window(flow: Dataflow, name: str, inputs: tuple[str, ...], fn: FunctionL
                      params={**(params or {}), "window": config})
     fired = flow.add("flat_map", f"{name}.fired", (stage,), FIRED_FN)
     return stage, fired
+
+
+TAG_FN = "gridstream.eventtime:tag"
+PAIR_FN = "gridstream.eventtime:pair"
+JOINED_FN = "gridstream.eventtime:joined_records"
+
+
+def add_table_join(flow: Dataflow, name: str, stream: tuple[tuple[str, ...], Timing | None],
+                   table: tuple[tuple[str, ...], Timing | None], key: FunctionLike,
+                   table_key: FunctionLike, fn: FunctionLike | None, how: str,
+                   params: Mapping[str, Any] | None) -> tuple[str, str]:
+    """Adds a stream-table join: a tagging map on each side, the join stage
+    and the stage of its joined records; returns the join's and the last's names."""
+    where = f"dataflow {flow.name}, operator {name!r}"
+    if stream[1] is None or table[1] is None:
+        raise InvalidArgument(f"{where}: both sides of a join need event time: call "
+                              ".with_timestamps(fn, max_delay=...) on each first")
+    if how not in ("inner", "left"):
+        raise InvalidArgument(f"{where}: how must be 'inner' or 'left', not {how!r}")
+    sides = []
+    for side, (inputs, timing), side_key in (("stream", stream, key), ("table", table, table_key)):
+        assert timing is not None
+        tagged = {"side": side, "key": function_path(side_key, f"{where}, {side} key"),
+                  "time": function_path(timing.timestamp, f"{where}, {side} timestamp")}
+        check_call(side_key, 1, {}, f"{where}, {side} key")
+        sides.append(flow.add("map", f"{name}.{side}", inputs, TAG_FN, params=tagged))
+    delay = max(stream[1].max_delay, table[1].max_delay)
+    config: dict[str, Any] = {"type": how, "timestamp": "gridstream.eventtime:tagged_time",
+                              "max_delay": delay, "every": delay or 1}
+    if stream[1].idle_timeout is not None:
+        config["idle_timeout"] = stream[1].idle_timeout
+    stage = flow.add("join", name, tuple(sides), fn if fn is not None else PAIR_FN,
+                     key="gridstream.eventtime:tagged_key",
+                     params={**(params or {}), "window": config})
+    return stage, flow.add("flat_map", f"{name}.joined", (stage,), JOINED_FN)

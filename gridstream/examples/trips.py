@@ -1,6 +1,7 @@
 """The taxi devices' trips in event time: a per-device trip summary (trips and
-metres) in 5-minute tumbling windows, with late trips to a side output
-(docs/eventtime.md).
+metres) in 5-minute tumbling windows, with late trips to a side output, and
+every trip joined with the device table (its driver as of the trip's time,
+from a changelog of device records) (docs/eventtime.md).
 
 Every trip event carries the second it ended (``t``); events reach the
 cluster out of order by up to ``JITTER_S`` seconds, so the windows' watermark
@@ -27,9 +28,13 @@ CLOSING_T = 10**9
 """The event time of :func:`closing` records."""
 
 
-def generate(records: int, devices: int = 50, seed: int = 0) -> tuple[list[str], list[str]]:
-    """(device ids, JSON trip events): about one trip per device every
-    ``devices`` seconds, each sent up to ``JITTER_S`` seconds late."""
+def generate(records: int, devices: int = 50, seed: int = 0,
+             drivers_every: int = 40) -> tuple[list[str], list[str]]:
+    """(device ids, JSON events): about one trip per device every ``devices``
+    seconds, and every ``drivers_every`` records a device record (a new
+    driver for a device from then on: the device table's changelog), each
+    sent up to ``JITTER_S`` seconds late. Records only of trips when
+    ``drivers_every`` is 0."""
     rng = random.Random(seed)
     keys: list[str] = []
     values: list[str] = []
@@ -37,7 +42,12 @@ def generate(records: int, devices: int = 50, seed: int = 0) -> tuple[list[str],
         device = str(1000 + rng.randrange(devices))
         t = i - rng.randint(0, JITTER_S) + JITTER_S  # sent at i + JITTER_S, ended at t
         keys.append(device)
-        values.append(json.dumps({"device": device, "t": t, "m": rng.randint(200, 20_000)}))
+        if drivers_every and i % drivers_every == drivers_every - 1:
+            values.append(json.dumps({"kind": "device", "device": device, "t": t,
+                                      "driver": f"driver-{i}"}))
+        else:
+            values.append(json.dumps({"kind": "trip", "device": device, "t": t,
+                                      "m": rng.randint(200, 20_000)}))
     return keys, values
 
 
@@ -51,7 +61,8 @@ def closing(partitions: int) -> tuple[list[str], list[str]]:
         key = f"close-{n}"
         if partition_for_key(key, partitions) == len(keys):
             keys.append(key)
-            values.append(json.dumps({"device": key, "t": CLOSING_T, "m": 0}))
+            values.append(json.dumps({"kind": "close", "device": key, "t": CLOSING_T, "m": 0,
+                                      "driver": None}))
         n += 1
     return keys, values
 
@@ -59,6 +70,22 @@ def closing(partitions: int) -> tuple[list[str], list[str]]:
 def parse(text: str) -> dict[str, Any]:
     """A JSON trip event as a dict."""
     return dict(json.loads(text))
+
+
+def is_trip(record: dict[str, Any]) -> bool:
+    """A trip (or a closing record, which moves time on for both sides)."""
+    return record.get("kind", "trip") in ("trip", "close")
+
+
+def is_device(record: dict[str, Any]) -> bool:
+    """A device record (or a closing record)."""
+    return record.get("kind") in ("device", "close")
+
+
+def with_driver(trip: dict[str, Any], device: dict[str, Any] | None) -> dict[str, Any]:
+    """The join's combination: the trip with its device's driver at the time."""
+    return {"device": trip["device"], "t": trip["t"], "m": trip["m"],
+            "driver": None if device is None else device["driver"]}
 
 
 def event_time(trip: dict[str, Any]) -> int:
@@ -77,17 +104,23 @@ def add_trip(summary: list[int], trip: dict[str, Any]) -> list[int]:
 
 
 def flow(partitions: int = 4, lateness: float = 0) -> Dataflow:
-    """Trip events -> per device and 5-minute window: [trips, metres], every
-    fired window appended once ("summaries"), late trips appended ("late")."""
-    trips = Dataflow("trips", partitions=partitions)
-    windows = (trips.source().map("parse", parse)
-               .with_timestamps(event_time, max_delay=JITTER_S)
-               .key_by(device_of)
-               .window("summary", add_trip, initial=[0, 0], tumbling=WINDOW_S,
-                       lateness=lateness))
+    """Events -> per device and 5-minute window: [trips, metres], every fired
+    window appended once ("summaries"), late trips appended ("late"); every
+    trip with its device's driver at the time appended once ("driven")."""
+    job = Dataflow("trips", partitions=partitions)
+    parsed = job.source().map("parse", parse)
+    trips = parsed.filter("trips", is_trip).with_timestamps(event_time, max_delay=JITTER_S)
+    devices = parsed.filter("devices", is_device).with_timestamps(event_time,
+                                                                  max_delay=JITTER_S)
+    windows = trips.key_by(device_of).window("summary", add_trip, initial=[0, 0],
+                                             tumbling=WINDOW_S, lateness=lateness)
     windows.sink("summaries", mode="append")
     windows.late("late_trips").sink("late", mode="append")
-    return trips
+    driven = trips.join_table("drivers", devices, key=device_of, table_key=device_of,
+                              fn=with_driver, how="left")
+    driven.sink("driven", mode="append")
+    driven.late("late_joins").sink("late_driven", mode="append")
+    return job
 
 
 def reference(values: list[str]) -> dict[tuple[str, int], list[int]]:
@@ -96,7 +129,7 @@ def reference(values: list[str]) -> dict[tuple[str, int], list[int]]:
     out: dict[tuple[str, int], list[int]] = {}
     trips = sorted((parse(v) for v in values), key=event_time)
     for trip in trips:
-        if trip["t"] >= CLOSING_T:
+        if trip["t"] >= CLOSING_T or not is_trip(trip):
             continue
         start = trip["t"] // WINDOW_S * WINDOW_S
         out[(trip["device"], start)] = add_trip(out.get((trip["device"], start), [0, 0]), trip)
@@ -113,3 +146,26 @@ def summaries(rows: list[Any]) -> dict[tuple[str, int], list[int]]:
             raise AssertionError(f"window {window} fired twice: {out[window]} and {row['value']}")
         out[window] = list(row["value"])
     return out
+
+
+def reference_driven(values: list[str]) -> list[str]:
+    """Every trip with its device's driver as of its time (the newest device
+    record at or before it; None before the first), computed in event-time
+    order in this process, as sorted JSON texts (closing records left out)."""
+    records = sorted((parse(v) for v in values), key=lambda r: (r["t"], is_trip(r)))
+    drivers: dict[str, Any] = {}
+    out = []
+    for record in records:  # at equal times a device record comes first
+        if record["t"] >= CLOSING_T:
+            continue
+        if is_device(record):
+            drivers[record["device"]] = record
+        else:
+            out.append(json.dumps(with_driver(record, drivers.get(record["device"])),
+                                  sort_keys=True))
+    return sorted(out)
+
+
+def driven(rows: list[Any]) -> list[str]:
+    """An append sink's joined trips as sorted JSON texts (closing ones left out)."""
+    return sorted(json.dumps(row, sort_keys=True) for row in rows if row["t"] < CLOSING_T)

@@ -25,6 +25,7 @@ from gridstream.codec import decode_batch, encode_batch, row_json
 from gridstream.config import ClusterConfig
 from gridstream.dataflow import Dataflow
 from gridstream.deadletters import encode_error, encode_record
+from gridstream.eventtime import EVENT_TIME_KINDS
 from gridstream.ids import batch_identity, key_text, partition_for_key, task_channel
 from gridstream.jobspec import (
     JobSpec,
@@ -296,8 +297,10 @@ def run_local(job: JobSpec | Dataflow, inputs: TestSource | Sequence[Any], *,
 
 def _paths(stage: Stage) -> tuple[str, ...]:
     """The import paths a stage names (a window's timestamp function too)."""
-    if stage.kind == "window":
+    if stage.kind in EVENT_TIME_KINDS:
         return stage.function, stage.key, str(stage.params["window"]["timestamp"])
+    if stage.function == "gridstream.eventtime:tag":  # a join side's key and time
+        return stage.function, str(stage.params["key"]), str(stage.params["time"])
     return stage.function, stage.key
 
 

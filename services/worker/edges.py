@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gridstream.codec import decode_batch
+from gridstream.eventtime import EVENT_TIME_KINDS
 from gridstream.jobspec import JobSpec, resolve
 from gridstream.taskplan import plan_graph
 from services.worker.operators import DeadLetter
@@ -78,7 +79,7 @@ class Outbound:
         edges: list[Shuffle] = []
         for edge in plan_graph(spec).tasks[task].edges:
             stage = edge.stage
-            if edge.keyed and stage.kind == "window":  # the watermark rides along
+            if edge.keyed and stage.kind in EVENT_TIME_KINDS:  # the watermark rides along
                 where = f"job {spec.name}, stage {stage.name}"
                 edges.append(TimedShuffle(
                     job_id, edge.task, stage, spec.partitions,

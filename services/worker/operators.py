@@ -22,6 +22,7 @@ from typing import Any
 from gridstream.deadletters import encode_error, encode_record
 from gridstream.eventtime import user_params, window_config
 from gridstream.jobspec import Stage, resolve
+from services.worker.joins import TableJoinStep
 from services.worker.windows import Event, WindowStep
 
 Keys = list[Any] | None
@@ -254,7 +255,7 @@ class OperatorChain:
         self.states: dict[str, dict[Any, Any]] = {}
         self.touched: dict[str, set[Any]] = {}
         self._steps: list[StageFn] = []
-        self.windows: list[WindowStep] = []
+        self.windows: list[WindowStep | TableJoinStep] = []
         """The chain's window stages (told each batch's channel and watermark)."""
         self.has_sink = bool(stages) and stages[-1].kind == "sink"
         self.append_sink = self.has_sink and stages[-1].mode == "append"
@@ -271,7 +272,7 @@ class OperatorChain:
                     self.touched[stage.name] = set()
                 continue
             fn = resolve(stage.function, f"{where}, stage {stage.name}")
-            if stage.kind == "window":
+            if stage.kind in ("window", "join"):
                 self._window(stage, fn, where)
                 continue
             if stage.params:  # params travel as data: fn(..., **params) on every call
@@ -307,9 +308,15 @@ class OperatorChain:
         for name in (stage.name, marks):
             self.states[name] = {}
             self.touched[name] = set()
-        step = WindowStep(stage, fn, stamp, functools.partial(_fresh, stage.initial),
-                          self.states[stage.name], self.touched[stage.name],
-                          self.states[marks], self.touched[marks])
+        step: WindowStep | TableJoinStep
+        if stage.kind == "join":
+            step = TableJoinStep(stage, fn, stamp, self.states[stage.name],
+                                 self.touched[stage.name], self.states[marks],
+                                 self.touched[marks])
+        else:
+            step = WindowStep(stage, fn, stamp, functools.partial(_fresh, stage.initial),
+                              self.states[stage.name], self.touched[stage.name],
+                              self.states[marks], self.touched[marks])
         self.windows.append(step)
         self._steps.append(step.run)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gridstream.eventtime import event_time, window_config
+from gridstream.eventtime import EVENT_TIME_KINDS, event_time, window_config
 from gridstream.ids import task_channel
 from gridstream.jobspec import JobSpec, Stage
 from gridstream.taskplan import plan_graph
@@ -20,7 +20,7 @@ def event_inputs(job: JobSpec, task: int) -> tuple[str, ...] | None:
     """The channels a task starting with a window stage hears from (every
     partition of every upstream task), or None for any other task."""
     plan = plan_graph(job).tasks[task]
-    if not plan.stages or plan.stages[0].kind != "window":
+    if not plan.stages or plan.stages[0].kind not in EVENT_TIME_KINDS:
         return None
     return tuple(task_channel(i, p) for i in sorted(set(plan.inputs))
                  for p in range(job.partitions))

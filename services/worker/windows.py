@@ -44,6 +44,44 @@ def _order(key: Any) -> tuple[str, Any]:
     return type(key).__name__, key
 
 
+class Clock:
+    """A stage's event time: the newest watermark heard per input channel and
+    the stage's own, the minimum over its inputs (idle ones left out), which
+    never goes back; all in the stage's ``@wm`` state (so in its snapshots)."""
+
+    def __init__(self, marks: dict[Any, Any], touched: set[Any],
+                 idle_timeout: float | None) -> None:
+        self.marks = marks
+        """channel -> watermark heard, and ``@task`` -> the stage's watermark."""
+        self.touched = touched
+        self.idle_timeout = idle_timeout
+
+    @property
+    def watermark(self) -> float:
+        """The stage's watermark (-inf before any)."""
+        return float(self.marks.get(TASK, -math.inf))
+
+    def advance(self, event: Event) -> float | None:
+        """Takes in a batch's watermark; the stage's new one if it advanced."""
+        channel, mark, inputs = event
+        if mark is None:
+            return None
+        if mark > self.marks.get(channel, -math.inf):
+            self.marks[channel] = mark
+            self.touched.add(channel)
+        heard = [float(self.marks.get(c, -math.inf)) for c in inputs]
+        idle = self.idle_timeout
+        if idle is not None and heard:
+            ahead = max(heard)
+            heard = [m for m in heard if m >= ahead - idle] or [ahead]
+        now = min(heard) if heard else -math.inf
+        if now <= self.watermark:
+            return None
+        self.marks[TASK] = now
+        self.touched.add(TASK)
+        return now
+
+
 class WindowStep:
     """The ``window`` stage of one partition (see the module docstring)."""
 
@@ -59,17 +97,12 @@ class WindowStep:
         self.state = state
         """key -> [[start, end, acc], ...]; a session's acc is its [ts, value]s."""
         self.touched = touched
-        self.marks = marks
-        """channel -> watermark heard, and ``@task`` -> the stage's watermark."""
-        self.marks_touched = marks_touched
+        self.clock = Clock(marks, marks_touched, self.config.idle_timeout)
         self.event: Event | None = None
         self._first_end = -math.inf
         """No window in the state ends before this (-inf: unknown, look)."""
-
-    @property
-    def watermark(self) -> float:
-        """The stage's watermark (-inf before any)."""
-        return float(self.marks.get(TASK, -math.inf))
+        self._mine: set[Any] = set()
+        """Keys whose panes this batch copied already (see :meth:`_add`)."""
 
     def run(self, keys: list[Any] | None, values: list[Any],
             dead: Any) -> tuple[list[Any], list[Any]]:
@@ -79,8 +112,8 @@ class WindowStep:
         out_k: list[Any] = []
         out_v: list[Any] = []
         cfg = self.config
-        mark = self.watermark
-        due = mark - cfg.lateness  # a window ending at or before this has fired
+        due = self.clock.watermark - cfg.lateness
+        self._mine.clear()  # a window ending at or before this has fired
         for i, (k, v) in enumerate(zip(keys, values, strict=True)):
             try:
                 ts = event_time(self.timestamp, v)
@@ -101,11 +134,16 @@ class WindowStep:
                 out_v.append({"tag": LATE, "key": k, "time": ts, "record": v})
         if self.event is not None:
             self._advance(self.event, out_k, out_v)
+        self._mine.clear()
         return out_k, out_v
 
     def _add(self, key: Any, windows: list[tuple[float, float]], value: Any) -> None:
         panes = self.state.get(key)
-        panes = [list(p) for p in panes] if panes is not None else []
+        if panes is None:
+            panes = []
+        elif key not in self._mine:  # a captured snapshot may share them: copy once
+            panes = [list(p) for p in panes]
+        self._mine.add(key)
         for start, end in windows:
             for pane in panes:
                 if pane[0] == start and pane[1] == end:
@@ -132,23 +170,9 @@ class WindowStep:
         self.touched.add(key)
 
     def _advance(self, event: Event, out_k: list[Any], out_v: list[Any]) -> None:
-        channel, mark, inputs = event
-        if mark is None:
-            return
-        if mark > self.marks.get(channel, -math.inf):
-            self.marks[channel] = mark
-            self.marks_touched.add(channel)
-        heard = [float(self.marks.get(c, -math.inf)) for c in inputs]
-        idle = self.config.idle_timeout
-        if idle is not None and heard:
-            ahead = max(heard)
-            heard = [m for m in heard if m >= ahead - idle] or [ahead]
-        now = min(heard) if heard else -math.inf
-        if now <= self.watermark:
-            return
-        self.marks[TASK] = now
-        self.marks_touched.add(TASK)
-        self._fire(now - self.config.lateness, out_k, out_v)
+        now = self.clock.advance(event)
+        if now is not None:
+            self._fire(now - self.config.lateness, out_k, out_v)
 
     def _fire(self, due: float, out_k: list[Any], out_v: list[Any]) -> None:
         if due < self._first_end:

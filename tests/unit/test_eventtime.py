@@ -6,6 +6,7 @@ again nor skipping one."""
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -205,7 +206,7 @@ def test_window_stages_are_checked_and_travel_on_the_wire() -> None:
                          ({"size": 5}, "timestamp"),
                          ({"type": "sliding", "size": 5, "slide": 9, "timestamp": "a.b:c"},
                           "slide"),
-                         ({"size": 5, "timestamp": "a.b:c", "every": 1}, "unknown")):
+                         ({"size": 5, "timestamp": "a.b:c", "period": 1}, "unknown")):
         stage = Stage(good.name, "window", good.function, good.key, 0, (),
                       {"window": bad})
         with pytest.raises(InvalidArgument, match=message):
@@ -228,3 +229,131 @@ def test_snapshot_every_is_window_size_by_its_unmistakable_name() -> None:
     assert Dataflow("d", snapshot_every=300).window_size == 300
     with pytest.raises(InvalidArgument, match="snapshot_every"):
         Dataflow("d", snapshot_every=3, window_size=4)
+
+
+def is_table(record: dict[str, Any]) -> bool:
+    return "name" in record
+
+
+def is_event(record: dict[str, Any]) -> bool:
+    return "name" not in record
+
+
+def named(record: dict[str, Any], table: dict[str, Any] | None) -> list[Any]:
+    return [record["k"], record["t"], None if table is None else table["name"]]
+
+
+def join_flow(how: str, partitions: int = 1, max_delay: float = 0) -> Dataflow:
+    f = Dataflow("join", partitions=partitions)
+    source = f.source()
+    events = source.filter("events", is_event).with_timestamps(stamp, max_delay=max_delay)
+    table = source.filter("table", is_table).with_timestamps(stamp, max_delay=max_delay)
+    joined = events.join_table("enrich", table, key=key_of, table_key=key_of, fn=named,
+                               how=how)
+    joined.sink("joined", mode="append")
+    joined.late("late_events").sink("late", mode="append")
+    return f
+
+
+def name(k: str, t: float, n: str) -> dict[str, Any]:
+    return {"k": k, "t": t, "name": n}
+
+
+def test_a_stream_table_join_takes_the_table_as_of_each_records_time() -> None:
+    data = [rec("a", 1), name("a", 2, "ann"), rec("a", 3), rec("b", 4), name("a", 9, "anna"),
+            rec("a", 8), rec("a", 9), name("b", 20, "bob"), rec("a", 30), rec("a", 5),
+            rec("a", 100), name("a", 100, "end")]
+    left = run(join_flow("left"), data)
+    # each record waits until both sides' watermarks pass its time: a at 5
+    # and at 8 get ann, though anna (9) reached the join before them
+    assert sorted(map(tuple, left.sink("joined").records)) == [
+        ("a", 1, None), ("a", 3, "ann"), ("a", 5, "ann"), ("a", 8, "ann"), ("a", 9, "anna"),
+        ("a", 30, "anna"), ("b", 4, None)]
+    inner = run(join_flow("inner"), data)
+    assert sorted(map(tuple, inner.sink("joined").records)) == [
+        ("a", 3, "ann"), ("a", 5, "ann"), ("a", 8, "ann"), ("a", 9, "anna"), ("a", 30, "anna")]
+
+
+def test_a_record_after_the_joins_watermark_goes_to_the_side_output() -> None:
+    job = join_flow("left").job().with_defaults(1, 1)
+    task = plan_graph(job).tasks[plan_graph(job).task_of("enrich")]
+    chain = OperatorChain(list(task.stages), "test")
+    inputs = ("x",)
+    chain.process(["a"], [["table", "a", 2, name("a", 2, "ann")]], "b1", ("x", None, inputs))
+    first = chain.process(["a"], [["stream", "a", 5, rec("a", 5)]], "b2", ("x", 10, inputs))
+    assert [v["value"] for v in first.values] == [["a", 5, "ann"]]
+    late = chain.process(["a"], [["stream", "a", 3, rec("a", 3)]], "b3", ("x", 11, inputs))
+    assert late.values == [{"tag": "late", "key": "a", "time": 3, "record": rec("a", 3)}]
+
+
+def test_the_join_does_not_depend_on_the_order_records_come_in() -> None:
+    keys = [key_in(p, 2, n) for p in range(2) for n in range(3)]
+    rng = random.Random(7)
+    data = []
+    for t in range(400):
+        k = rng.choice(keys)
+        data.append(name(k, t, f"n{t}") if t % 7 == 0 else rec(k, t))
+    closing = [r for p in range(2) for r in (name(key_in(p, 2), 10_000, "end"),
+                                             rec(key_in(p, 2), 10_000))]
+    results = set()
+    for shuffle_seed in range(4):  # disorder within max_delay, a different order each run
+        jitter = random.Random(shuffle_seed)
+        jittered = [r for _, r in sorted(((r["t"] + jitter.uniform(0, 5), i), r)
+                                         for i, r in enumerate(data))]
+        result = run(join_flow("left", 2, max_delay=6), jittered + closing, partitions=2)
+        assert result.sink("late").records == []
+        results.add(tuple(sorted(map(tuple, result.sink("joined").records))))
+    assert len(results) == 1 and len(next(iter(results))) == 400 - 58  # every event once
+
+
+def test_run_local_allows_the_modules_only_a_join_side_names() -> None:
+    f = Dataflow("j", partitions=1)
+    source = f.source()
+    events = source.filter("events", is_event).with_timestamps(trips.event_time)
+    table = source.filter("table", is_table).with_timestamps(trips.event_time)
+    events.join_table("enrich", table, key=trips.device_of,
+                      table_key=trips.device_of).sink("joined", mode="append")
+    data = [{"device": "d", "t": 1, "name": "x"}, {"device": "d", "t": 2},
+            {"device": "d", "t": 9, "name": "y"}, {"device": "d", "t": 9}]
+    result = run_local(f, data)
+    assert result.dead_letters == []
+    assert result.sink("joined").records == [
+        {"record": {"device": "d", "t": 2}, "table": {"device": "d", "t": 1, "name": "x"}}]
+
+
+def batches_into(job: JobSpec, stage: str, records: list[Any]) -> tuple[Any, list[Any]]:
+    """The task of ``stage`` and the batches its partition 0 receives, as a
+    worker gets them (every task before it run as run_local runs them)."""
+    local = _Run(job)
+    plan = plan_graph(job)
+    target = plan.task_of(stage)
+    inbox = {0: source_batches(TestSource(records, keys=[r["k"] for r in records],
+                                          batch_size=3), job.partitions)}
+    for task in plan.tasks[:target]:
+        sent = local.process(task, sorted(inbox.pop(task.index, []), key=lambda b: b.partition))
+        for destination, batches in sent.items():
+            inbox.setdefault(destination, []).extend(batches)
+    return plan.tasks[target], [b for b in inbox[target] if b.partition == 0]
+
+
+@pytest.mark.parametrize("drop_state", [False, True])
+def test_a_join_restored_from_any_snapshot_emits_what_it_would_have(drop_state: bool) -> None:
+    job = join_flow("left", 2, max_delay=3).job().with_defaults(2, 1)
+    records = [name(key_in(i % 2, 2, i % 3), t, f"n{t}") if t % 5 == 0
+               else rec(key_in(i % 2, 2, i % 3), t) for i, t in enumerate(range(0, 300, 2))]
+    task, batches = batches_into(job, "enrich", records)
+    inputs = event_inputs(job, task.index)
+    assert inputs is not None and len(inputs) == 4  # two sides, two partitions each
+    whole = outputs(OperatorChain(list(task.stages), "test"), batches, inputs)
+    assert sum(len(out) for out in whole) > 30
+    mismatches = 0
+    for cut in range(len(batches)):
+        before = OperatorChain(list(task.stages), "test")
+        outputs(before, batches[:cut], inputs)
+        saved = before.capture_full()
+        after = OperatorChain(list(task.stages), "test")
+        after.apply_entries([[stage, k, v] for stage, state in saved.items()
+                             for k, v in state.items()
+                             if not (drop_state and stage == "enrich")])
+        mismatches += outputs(after, batches[cut:], inputs) != whole[cut:]
+    assert (mismatches > 0) == drop_state
