@@ -446,7 +446,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run a demo on a fresh local cluster and check it",
                           description="Start a local cluster, run the example, compare with an "
                           "in-process reference; exit 1 on any difference.")
-    demo.add_argument("name", choices=["taxi", "wordcount", "clicks", "spark-taxi"])
+    demo.add_argument("name", choices=["taxi", "wordcount", "clicks", "trips", "spark-taxi"])
     demo.add_argument("--records", type=int,
                       help="input size (taxi: records, default 200000; wordcount: words, "
                       "default 300000; clicks: clicks, default 100000, their files under "

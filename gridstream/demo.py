@@ -85,7 +85,7 @@ def workload(
     if name == "wordcount":
         lines = wordcount.generate(records)
         return wordcount.job(), None, lines, wordcount.reference(lines), records, "words"
-    raise ValueError(f"unknown demo {name!r}; choose taxi, wordcount or clicks")
+    raise ValueError(f"unknown demo {name!r}; choose taxi, wordcount, clicks or trips")
 
 
 async def run_clicks_on(scheduler: str, records: int, files: Path, batch_size: int = 5_000,
