@@ -65,7 +65,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -74,6 +74,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import latency_job
+from bench.percentiles import bucket_percentile, exact_percentile
 from bench.plots import add_out_argument, lines, out_dir, pyplot
 from bench.recovery import loop_lags
 from bench.throughput import own_cpu_seconds, process_cpu_seconds
@@ -90,49 +91,6 @@ INTERVAL_S = 5
 QUANTILES = (0.5, 0.99, 0.999)
 JOB_MODULE = "bench.latency_job"
 METRIC = "gridstream_ingest_to_sink_seconds"
-
-
-# -- percentiles ---------------------------------------------------------------
-
-
-def exact_percentile(counts: Mapping[int, int], q: float) -> int:
-    """The nearest-rank ``q`` quantile of observations given as ``value ->
-    how many``: the smallest value with at least ``ceil(q * n)`` observations
-    at or below it (0 when there are none)."""
-    total = sum(counts.values())
-    if total == 0:
-        return 0
-    rank = max(1, math.ceil(q * total))
-    seen = 0
-    for value in sorted(counts):
-        seen += counts[value]
-        if seen >= rank:
-            return value
-    raise AssertionError("unreachable: the ranks add up to the total")
-
-
-def bucket_percentile(bounds: Sequence[float], counts: Sequence[float], q: float) -> float:
-    """The ``q`` quantile of a histogram, interpolated linearly inside the
-    bucket that holds it, as Prometheus's ``histogram_quantile`` does.
-    ``counts`` are per bucket (not cumulative), one more than ``bounds``: the
-    last is above every bound, where the quantile is ``math.inf`` (only
-    known to exceed ``bounds[-1]``). The first bucket starts at 0. NaN when
-    the histogram is empty."""
-    if len(counts) != len(bounds) + 1:
-        raise ValueError("counts needs one bucket more than bounds (the overflow)")
-    total = sum(counts)
-    if total <= 0:
-        return math.nan
-    rank = q * total
-    below = 0.0
-    for i, n in enumerate(counts):
-        if n > 0 and below + n >= rank:
-            if i == len(bounds):
-                return math.inf
-            low = bounds[i - 1] if i else 0.0
-            return low + (bounds[i] - low) * (rank - below) / n
-        below += n
-    return math.inf if counts[-1] else bounds[-1]
 
 
 # -- workloads -----------------------------------------------------------------

@@ -23,8 +23,8 @@ from gridstream.config import (
     SecurityConfig,
     load_config,
     load_config_with_origins,
-    to_toml,
 )
+from gridstream.configtoml import to_toml
 from gridstream.errors import GridstreamError
 
 SERVICES = {"scheduler": "services.scheduler", "worker": "services.worker",

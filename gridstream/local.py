@@ -29,7 +29,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gridstream import rpc
 from gridstream.auth import create_cluster_secret, load_cluster_secret, write_private
-from gridstream.config import Config, SecurityConfig, to_toml
+from gridstream.config import Config, SecurityConfig
+from gridstream.configtoml import to_toml
 from gridstream.service import PARENT_PID_ENV, RETIRED_EXIT_CODE
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gridstream.chaos import detection_time
 from gridstream.checker import HistoryVerdict, check_graph_branches, check_history
@@ -420,6 +420,41 @@ async def _inject(cluster: LocalCluster, step: Step, rng: random.Random,
     return record
 
 
+class _FaultedRun(Protocol):
+    """What :func:`_send_under_faults` fills in of a scenario's run."""
+
+    faults: list[FaultRecord]
+    losses: list[str]
+    undrained: str
+
+
+async def _send_under_faults(cluster: LocalCluster, client: Client, job_id: str,
+                             sender: Sender, steps: list[Step], rng: random.Random,
+                             run: _FaultedRun, drain_timeout_s: float) -> None:
+    """Sends while the steps' faults land (each at its time from the start),
+    then drains: the faults go in ``run.faults``, losses the cluster named in
+    ``run.losses``, a drain that missed its bound in ``run.undrained``."""
+    started = time.monotonic()
+    sending = asyncio.create_task(sender.run(), name=f"sender of {job_id}")
+    try:
+        for step in sorted(steps, key=lambda s: s.at_s):
+            delay = started + step.at_s - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            run.faults.append(await _inject(cluster, step, rng, sender, None, run.faults,
+                                            any(s.again for s in steps)))
+        await sending
+    finally:
+        if not sending.done():
+            sending.cancel()
+    try:
+        run.losses = list((await client.drain(job_id, timeout_s=drain_timeout_s)).losses)
+    except DataLoss as exc:
+        run.losses = [str(exc)]
+    except DeadlineExceeded as exc:
+        run.undrained = str(exc)
+
+
 @dataclass
 class ClicksRun:
     """The outcome of :func:`run_clicks`: the faults, the per-user verdict of
@@ -472,25 +507,8 @@ async def run_clicks(steps: list[Step], run_dir: Path, records: int = 30_000,
             spec = replace(spec, tracking_timeout_s=tracking_timeout_s)
         job_id = await client.submit(spec)
         sender = Sender(client, job_id, keys, lines, stream_s, chunk)
-        started = time.monotonic()
-        sending = asyncio.create_task(sender.run(), name="clicks sender")
-        try:
-            for step in sorted(steps, key=lambda s: s.at_s):
-                delay = started + step.at_s - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                run.faults.append(await _inject(cluster, step, rng, sender, None, run.faults,
-                                                any(s.again for s in steps)))
-            await sending
-        finally:
-            if not sending.done():
-                sending.cancel()
-        try:
-            run.losses = list((await client.drain(job_id, timeout_s=drain_timeout_s)).losses)
-        except DataLoss as exc:
-            run.losses = [str(exc)]
-        except DeadlineExceeded as exc:
-            run.undrained = str(exc)
+        await _send_under_faults(cluster, client, job_id, sender, steps, rng, run,
+                                 drain_timeout_s)
         run.verdict = check_history(await client.results(job_id, sink="users"),
                                     clicks.sent_counts(keys))
         pages = await client.results(job_id, sink="pages")
@@ -553,25 +571,8 @@ async def run_trips(steps: list[Step], run_dir: Path, records: int = 20_000,
             Client(cluster.scheduler_address, batch_size=250, security=cluster.config.security))
         job_id = await client.submit(trips.flow(partitions).job())
         sender = Sender(client, job_id, keys + closing_keys, values + closing, stream_s, chunk)
-        started = time.monotonic()
-        sending = asyncio.create_task(sender.run(), name="trips sender")
-        try:
-            for step in sorted(steps, key=lambda s: s.at_s):
-                delay = started + step.at_s - time.monotonic()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                run.faults.append(await _inject(cluster, step, rng, sender, None, run.faults,
-                                                any(s.again for s in steps)))
-            await sending
-        finally:
-            if not sending.done():
-                sending.cancel()
-        try:
-            run.losses = list((await client.drain(job_id, timeout_s=drain_timeout_s)).losses)
-        except DataLoss as exc:
-            run.losses = [str(exc)]
-        except DeadlineExceeded as exc:
-            run.undrained = str(exc)
+        await _send_under_faults(cluster, client, job_id, sender, steps, rng, run,
+                                 drain_timeout_s)
         rows = list((await client.results(job_id, sink="summaries")).values())
         late = await client.results(job_id, sink="late")
         joined = trips.driven(list((await client.results(job_id, sink="driven")).values()))

@@ -79,6 +79,20 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 f"job {job_id} has {len(runtime.tasks)} tasks and {runtime.spec.partitions} "
                 f"partitions, not task {task} partition {partition} (nothing was done)")
 
+    async def _check_from_primary(
+        self, request: worker_pb2.ReplicateRequest | worker_pb2.ShipStateRequest, what: str
+    ) -> None:
+        """Checks what a primary copies to this holder (its log, or a window
+        of its state): who sends it, for a job and container that exist, at
+        an epoch this worker has reached."""
+        if not request.job_id or not request.primary:
+            raise InvalidArgument("job_id and primary must be set")
+        check_id(request.job_id, "job_id")
+        check_id(request.primary, "primary")
+        await self._check_listed(request.job_id, what)
+        self._check_container(request.job_id, request.task, request.partition)
+        await self.node.routing.reach(request.epoch, what)
+
     async def _check_listed(self, job_id: str, what: str) -> None:
         """Refuses a member's call for a job the routing table does not list,
         so no backup copy, fence or tracking table is kept for a job that does
@@ -216,13 +230,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.ReplicateRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.ReplicateResponse:
         """Holds a primary's appends (or full copy) as a backup."""
-        if not request.job_id or not request.primary:
-            raise InvalidArgument("job_id and primary must be set")
-        check_id(request.job_id, "job_id")
-        check_id(request.primary, "primary")
-        await self._check_listed(request.job_id, "replication")
-        self._check_container(request.job_id, request.task, request.partition)
-        await self.node.routing.reach(request.epoch, "replication")
+        await self._check_from_primary(request, "replication")
         return worker_pb2.ReplicateResponse(next_offset=self.node.backups.replicate(request))
 
     @servicer_method
@@ -230,13 +238,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.ShipStateRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.ShipStateResponse:
         """Applies a primary's durable window to this holder's standby of the task."""
-        if not request.job_id or not request.primary:
-            raise InvalidArgument("job_id and primary must be set")
-        check_id(request.job_id, "job_id")
-        check_id(request.primary, "primary")
-        await self._check_listed(request.job_id, "state shipment")
-        self._check_container(request.job_id, request.task, request.partition)
-        await self.node.routing.reach(request.epoch, "state shipment")
+        await self._check_from_primary(request, "state shipment")
         return self.node.standbys.receive(request)
 
     @servicer_method

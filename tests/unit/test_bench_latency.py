@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from bench import latency_job
-from bench.latency import bucket_percentile, exact_percentile, steps_between
+from bench.latency import steps_between
+from bench.percentiles import bucket_percentile, exact_percentile
 
 
 def nearest_rank(values: list[int], q: float) -> int:

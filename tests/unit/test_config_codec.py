@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from gridstream import codec
-from gridstream.config import Config, ConfigError, load_config, to_toml
+from gridstream.config import Config, ConfigError, load_config
+from gridstream.configtoml import to_toml
 from gridstream.v1 import common_pb2
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gridstream.config import ConfigError, load_config, load_config_with_origins, to_toml
+from gridstream.config import ConfigError, load_config, load_config_with_origins
+from gridstream.configtoml import to_toml
 
 
 def test_a_misspelled_variable_is_an_error_naming_the_nearest_setting() -> None:
