@@ -428,6 +428,17 @@ class _FaultedRun(Protocol):
     undrained: str
 
 
+def _report(run: _FaultedRun, verdict: str, problems: list[str]) -> str:
+    """A scenario's table: its faults, its verdict, what was wrong, the named
+    losses and a drain that missed its bound."""
+    lines = [f"{f.kind} {','.join(f.victims)} in flight={f.in_flight}" for f in run.faults]
+    lines.append(verdict)
+    lines += [f"wrong: {problem}" for problem in problems]
+    lines += [f"named losses: {'; '.join(run.losses)}"] if run.losses else []
+    lines += [f"NOT DRAINED: {run.undrained}"] if run.undrained else []
+    return "\n".join(lines)
+
+
 async def _send_under_faults(cluster: LocalCluster, client: Client, job_id: str,
                              sender: Sender, steps: list[Step], rng: random.Random,
                              run: _FaultedRun, drain_timeout_s: float) -> None:
@@ -471,12 +482,8 @@ class ClicksRun:
 
     def table(self) -> str:
         """The faults, then the verdicts."""
-        lines = [f"{f.kind} {','.join(f.victims)} in flight={f.in_flight}" for f in self.faults]
-        lines.append(f"{self.verdict.summary()}; {self.files} committed files")
-        lines += [f"wrong: {problem}" for problem in self.problems]
-        lines += [f"named losses: {'; '.join(self.losses)}"] if self.losses else []
-        lines += [f"NOT DRAINED: {self.undrained}"] if self.undrained else []
-        return "\n".join(lines)
+        return _report(self, f"{self.verdict.summary()}; {self.files} committed files",
+                       self.problems)
 
 
 async def run_clicks(steps: list[Step], run_dir: Path, records: int = 30_000,
@@ -538,12 +545,8 @@ class TripsRun:
 
     def table(self) -> str:
         """The faults, then the verdict."""
-        lines = [f"{f.kind} {','.join(f.victims)} in flight={f.in_flight}" for f in self.faults]
-        lines.append(f"{self.windows} windows fired; {len(self.problems)} problems")
-        lines += [f"wrong: {problem}" for problem in self.problems]
-        lines += [f"named losses: {'; '.join(self.losses)}"] if self.losses else []
-        lines += [f"NOT DRAINED: {self.undrained}"] if self.undrained else []
-        return "\n".join(lines)
+        return _report(self, f"{self.windows} windows fired; {len(self.problems)} problems",
+                       self.problems)
 
 
 async def run_trips(steps: list[Step], run_dir: Path, records: int = 20_000,
