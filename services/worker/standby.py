@@ -338,8 +338,6 @@ class StandbyShipper:
         self.epoch = epoch
         self._queue: list[worker_pb2.ShipStateRequest] = []
         self._wake = asyncio.Event()
-        self.shipped = 0
-        self.failures = 0
 
     def offer(self, window: int, parent: int | None, header: bytes,
               chunks: list[tuple[bytes, int]]) -> None:
@@ -372,10 +370,8 @@ class StandbyShipper:
         stub = worker_pb2_grpc.WorkerStub(self.channels.get(address))
         try:
             await stub.ShipState(request, timeout=SHIP_TIMEOUT_S)
-            self.shipped += 1
         except grpc.aio.AioRpcError as exc:
             # Best effort: the holder catches up from the state servers.
-            self.failures += 1
             log.debug("shipping window %d of %s to %s failed: %s", request.window,
                       operator_id(*self.key), holder, exc.code().name)
 
