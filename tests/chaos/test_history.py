@@ -154,3 +154,9 @@ async def test_kills_with_a_million_keys_of_state(tmp_path: Path) -> None:
                             config=config(), seed=8, state_keys=1_000_000)
     assert_exact(run)
     assert run.verdict.keys >= 1_000_000
+    # The takeovers after the pause adopt the new owner's warm standby of the
+    # fold instead of reading its keys back (docs/recovery.md).
+    restores = [line for path in (tmp_path / "logs").glob("worker-*.log")
+                for line in path.read_text(errors="replace").splitlines()
+                if "/t1/" in line and " started: snapshot window " in line]
+    assert any(line.endswith(")") and " adopted; " in line for line in restores), restores[-6:]
