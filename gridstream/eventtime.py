@@ -53,6 +53,9 @@ class WindowConfig:
     timestamp: str
     max_delay: float
     idle_timeout: float | None
+    how: str = ""
+    """A windowed stream-stream join's ``inner`` or ``left`` (a ``join``
+    stage with a tumbling or sliding window); empty for any other stage."""
     every: float = 0
     """How far a sender's watermark advances before it tells the partitions
     it sent no records to (an empty batch carrying it); 0: the window's size,
@@ -64,6 +67,15 @@ class WindowConfig:
         if self.every:
             return self.every
         return self.gap if self.type == "session" else min(self.size, self.slide)
+
+    def first_start(self, due: float) -> float:
+        """The earliest start a tumbling or sliding window that has not fired
+        at ``due`` can have (every window ending at or before it has): the
+        watermark carried past the stage, as its outputs' times are their
+        windows' starts or later."""
+        if not math.isfinite(due):
+            return due
+        return (math.floor((due - self.size) / self.slide) + 1) * self.slide
 
     def windows(self, ts: float) -> list[tuple[float, float]]:
         """The [start, end) windows an event time falls in (a session's is
@@ -91,24 +103,33 @@ def _number(raw: Mapping[str, Any], name: str, where: str, default: float | None
     return value  # an int stays one, so windows of whole seconds have whole bounds
 
 
-def window_config(params: Mapping[str, Any], where: str) -> WindowConfig:
+def window_config(params: Mapping[str, Any], where: str, stage_kind: str = "") -> WindowConfig:
     """The window configuration of a stage's params, or InvalidArgument saying
-    what is wrong."""
+    what is wrong; ``stage_kind`` (the stage's, when known) also checks the type
+    fits it: a ``window`` stage takes tumbling, sliding or session windows, a
+    ``join`` stage inner or left (a stream-table join) or tumbling or sliding
+    with ``how`` (a windowed stream-stream join)."""
     raw = params.get("window")
     if not isinstance(raw, Mapping):
         raise InvalidArgument(f"{where}: a window stage needs params.window, e.g. "
                               "{type = \"tumbling\", size = 60, timestamp = \"pkg.mod:fn\"}")
     known = {"type", "size", "slide", "gap", "lateness", "timestamp", "max_delay",
-             "idle_timeout", "every"}
+             "idle_timeout", "every", "how"}
     unknown = set(raw) - known
     if unknown:
         raise InvalidArgument(f"{where}: unknown window settings {sorted(unknown)}; "
                               f"known: {sorted(known)}")
     kind = raw.get("type", "tumbling")
     types = JOIN_TYPES if kind in JOIN_TYPES else WINDOW_TYPES
+    how = raw.get("how", "inner" if stage_kind == "join" and kind_is_window(kind) else "")
     if kind not in types:
         raise InvalidArgument(f"{where}: window type {kind!r} is not one of "
                               f"{', '.join(WINDOW_TYPES + JOIN_TYPES)}")
+    if stage_kind and not _fits(stage_kind, kind, how):
+        raise InvalidArgument(f"{where}: a {stage_kind} stage cannot take window type {kind!r}"
+                              + (f" with how = {how!r}" if how else "")
+                              + "; a window stage takes tumbling, sliding or session, a join "
+                              "inner, left, or tumbling or sliding with how = inner or left")
     timestamp = raw.get("timestamp")
     if not isinstance(timestamp, str) or ":" not in timestamp:
         raise InvalidArgument(f"{where}: window timestamp must be the import path "
@@ -127,7 +148,21 @@ def window_config(params: Mapping[str, Any], where: str) -> WindowConfig:
     idle = raw.get("idle_timeout")
     return WindowConfig(kind, size, slide, gap, _number(raw, "lateness", where, 0, False),
                         timestamp, _number(raw, "max_delay", where, 0, False),
-                        None if idle is None else _number(raw, "idle_timeout", where), every)
+                        None if idle is None else _number(raw, "idle_timeout", where),
+                        str(how), every)
+
+
+def kind_is_window(kind: Any) -> bool:
+    """True for the types a windowed join may take."""
+    return kind in ("tumbling", "sliding")
+
+
+def _fits(stage_kind: str, kind: Any, how: Any) -> bool:
+    if stage_kind == "window":
+        return kind in WINDOW_TYPES and not how
+    if stage_kind == "join":
+        return (kind in JOIN_TYPES and not how) or (kind_is_window(kind) and how in JOIN_TYPES)
+    return True
 
 
 def event_time(timestamp: Callable[[Any], Any], record: Any) -> float:
@@ -183,6 +218,19 @@ def pair(record: Any, table: Any) -> dict[str, Any]:
     """A join's default combination: ``{"record", "table"}`` (the table side's
     value as of the record's time, None for a left join without one)."""
     return {"record": record, "table": table}
+
+
+def both(left: Any, right: Any) -> dict[str, Any]:
+    """A windowed join's default combination: ``{"left", "right"}`` (right
+    None for a left record without a match in a left join)."""
+    return {"left": left, "right": right}
+
+
+def window_start(fired: Mapping[str, Any]) -> Any:
+    """The event time of a fired window (``{"key", "start", "end", "value"}``)
+    for a second event-time stage downstream: its start, which is at or after
+    the watermark the window stage carries on when it fires (docs/eventtime.md)."""
+    return fired["start"]
 
 
 def joined_records(value: Any) -> Iterator[Any]:

@@ -374,8 +374,8 @@ def check_stage(stage: Stage, where: str) -> None:
                  f"{where}: a {stage.kind} stage needs key = 'package.module:function'")
     else:
         _require(not stage.key, f"{where}: only reduce and stateful stages take a key")
-    _require(stage.kind not in EVENT_TIME_KINDS or bool(window_config(stage.params, where)),
-             where)
+    _require(stage.kind not in EVENT_TIME_KINDS
+             or bool(window_config(stage.params, where, stage.kind)), where)
     _require(stage.kind not in ("reduce", "window") or stage.initial is not None,
              f"{where}: a reduce needs an initial accumulator, the value its function "
              "receives for a key's first record: add initial = 0 (to count or sum), "

@@ -28,9 +28,11 @@ from gridstream.dataflow._flow import Dataflow
 from gridstream.dataflow._functions import FunctionLike
 from gridstream.dataflow._windows import (
     LATE_FN,
+    WINDOW_START_FN,
     Timing,
     add_table_join,
     add_window,
+    add_window_join,
     window_params,
 )
 
@@ -101,6 +103,30 @@ class Stream:
                                        params)
         return WindowedStream(self.flow, (joined,), stage)
 
+    def join_window(self, name: str, right: Stream, *, key: FunctionLike,
+                    right_key: FunctionLike | None = None, tumbling: float | None = None,
+                    sliding: tuple[float, float] | None = None, how: str = "inner",
+                    fn: FunctionLike | None = None, lateness: float = 0,
+                    params: Params = None) -> WindowedStream:
+        """Joins this stream (the left side) with ``right`` per key and
+        event-time window, as Flink's window join does: when a window fires
+        (the watermark of both sides past its end plus ``lateness``), every
+        pair of a left and a right record with the same key (``key(left)``,
+        ``right_key(right)``; ``right_key`` defaults to ``key``) in it goes
+        out once as ``fn(left, right, **params)`` (default ``{"left",
+        "right"}``), in a fixed order (windows by end, start and key; inside,
+        records by time). ``how="left"`` also sends ``fn(left, None)`` for a
+        left record with no right record in its window. Give
+        ``tumbling=size`` or ``sliding=(size, slide)``; both streams need
+        event time. Records whose windows fired are :meth:`WindowedStream.late`
+        (docs/eventtime.md)."""
+        window = window_params(self.flow, name, self.timing, tumbling, sliding, None, lateness)
+        stage, joined = add_window_join(self.flow, name, (self.inputs, self.timing),
+                                        (right.inputs, right.timing),
+                                        (key, right_key if right_key is not None else key),
+                                        fn, how, window, params)
+        return WindowedStream(self.flow, (joined,), stage)
+
     def key_by(self, key: FunctionLike) -> KeyedStream:
         """The same records, to be grouped by ``key(value)`` (a str, int or
         bytes) by the next keyed operator: on the cluster the key function
@@ -169,7 +195,8 @@ class KeyedStream:
                                lateness)
         stage, fired = add_window(self.flow, name, self.inputs, fn, self.key, initial,
                                   params, config)
-        return WindowedStream(self.flow, (fired,), stage)
+        timing = Timing(WINDOW_START_FN, 0, config.get("idle_timeout"))
+        return WindowedStream(self.flow, (fired,), stage, timing)
 
     def reduce(self, name: str, fn: FunctionLike, *, initial: Any = None,
                params: Params = None) -> Stream:
@@ -188,10 +215,14 @@ class KeyedStream:
 
 class WindowedStream(Stream):
     """The fired windows of a window operator, ``{"key", "start", "end",
-    "value"}`` each, keyed by the window's key (or a join's joined records)."""
+    "value"}`` each, keyed by the window's key (or a join's joined records).
+    Fired windows have event time, their start, for a second window or join
+    downstream; a join's records have none until :meth:`with_timestamps`
+    gives them one (a time in the record's window: docs/eventtime.md)."""
 
-    def __init__(self, flow: Dataflow, inputs: tuple[str, ...], stage: str) -> None:
-        super().__init__(flow, inputs)
+    def __init__(self, flow: Dataflow, inputs: tuple[str, ...], stage: str,
+                 timing: Timing | None = None) -> None:
+        super().__init__(flow, inputs, timing)
         self.stage = stage
         """The window (or join) stage, whose output has its results and late records."""
 

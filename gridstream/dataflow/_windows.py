@@ -99,3 +99,41 @@ def add_table_join(flow: Dataflow, name: str, stream: tuple[tuple[str, ...], Tim
                      key="gridstream.eventtime:tagged_key",
                      params={**(params or {}), "window": config})
     return stage, flow.add("flat_map", f"{name}.joined", (stage,), JOINED_FN)
+
+
+BOTH_FN = "gridstream.eventtime:both"
+WINDOW_START_FN = "gridstream.eventtime:window_start"
+
+
+def add_window_join(flow: Dataflow, name: str, left: tuple[tuple[str, ...], Timing | None],
+                    right: tuple[tuple[str, ...], Timing | None], keys: tuple[FunctionLike,
+                                                                          FunctionLike],
+                    fn: FunctionLike | None, how: str, window: dict[str, Any],
+                    params: Mapping[str, Any] | None) -> tuple[str, str]:
+    """Adds a windowed stream-stream join: a tagging map on each side, the
+    join stage (kind ``join`` with a tumbling or sliding window and ``how``)
+    and the stage of its joined records; returns the join's and the last's
+    names. ``window`` is :func:`window_params`'s for the left side's timing."""
+    where = f"dataflow {flow.name}, operator {name!r}"
+    if right[1] is None:
+        raise InvalidArgument(f"{where}: both sides of a join need event time: call "
+                              ".with_timestamps(fn, max_delay=...) on each first")
+    if how not in ("inner", "left"):
+        raise InvalidArgument(f"{where}: how must be 'inner' or 'left', not {how!r}")
+    if window["type"] == "session":
+        raise InvalidArgument(f"{where}: a windowed join takes tumbling=size or "
+                              "sliding=(size, slide), not session windows")
+    sides = []
+    for side, (inputs, timing), side_key in (("left", left, keys[0]), ("right", right, keys[1])):
+        assert timing is not None
+        tagged = {"side": side, "key": function_path(side_key, f"{where}, {side} key"),
+                  "time": function_path(timing.timestamp, f"{where}, {side} timestamp")}
+        check_call(side_key, 1, {}, f"{where}, {side} key")
+        check_call(timing.timestamp, 1, {}, f"{where}, {side} timestamp")
+        sides.append(flow.add("map", f"{name}.{side}", inputs, TAG_FN, params=tagged))
+    config = {**window, "how": how, "timestamp": "gridstream.eventtime:tagged_time",
+              "max_delay": max(window["max_delay"], right[1].max_delay)}
+    stage = flow.add("join", name, tuple(sides), fn if fn is not None else BOTH_FN,
+                     key="gridstream.eventtime:tagged_key",
+                     params={**(params or {}), "window": config})
+    return stage, flow.add("flat_map", f"{name}.joined", (stage,), JOINED_FN)

@@ -178,6 +178,7 @@ class _Run:
         self.sinks = {s.name: TestSink(s.name, s.mode) for s in job.stages if s.kind == "sink"}
         self._chains: dict[tuple[int, int], OperatorChain] = {}
         self._outbound: dict[tuple[int, int], Outbound] = {}
+        self._inputs: dict[tuple[int, int], tuple[str, ...] | None] = {}
         self.files: dict[tuple[str, int], list[Any]] = {}
         """A files sink's records per (sink, partition), for :meth:`write_files`."""
 
@@ -202,6 +203,12 @@ class _Run:
                 list(task.stages), where)
         return found
 
+    def inputs(self, task: TaskPlan, partition: int) -> tuple[str, ...] | None:
+        """The channels a task's partition hears watermarks from, if any."""
+        if (task.index, partition) not in self._inputs:
+            self._inputs[(task.index, partition)] = event_inputs(self.job, task.index, partition)
+        return self._inputs[(task.index, partition)]
+
     def outbound(self, task: TaskPlan, partition: int) -> Outbound:
         """The task's edges in one partition, numbering segments as a worker does."""
         found = self._outbound.get((task.index, partition))
@@ -216,9 +223,9 @@ class _Run:
         """Runs the task over its input batches in order; the batches its edges
         send, per destination task, named as the receiving containers name them."""
         out: dict[int, list[_Batch]] = {}
-        inputs = event_inputs(self.job, task.index)
         for batch in batches:
             chain = self.chain(task, batch.partition)
+            inputs = self.inputs(task, batch.partition)
             event = None if inputs is None else (batch.channel, batch.watermark, inputs)
             try:
                 result = chain.process(batch.keys, batch.values, batch.batch_id, event)
@@ -238,9 +245,9 @@ class _Run:
                     stored = json.loads(row_json(value))
                     sink.rows[key if isinstance(key, str) else key_text(key)] = stored
                     sink.records.append(stored)
-            elif result.values:
+            elif result.values or event is not None:  # a watermark may go on alone
                 segments = self.outbound(task, batch.partition).split(
-                    result.keys, result.values, batch.batch_id, self.dead)
+                    result.keys, result.values, batch.batch_id, self.dead, event, chain.windows)
                 for segment in segments:
                     wire_keys, wire_values = decode_batch(segment.encode())
                     out.setdefault(segment.task, []).append(_Batch(

@@ -19,17 +19,19 @@ holds them per destination task as well.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gridstream.codec import decode_batch
 from gridstream.eventtime import EVENT_TIME_KINDS
 from gridstream.jobspec import JobSpec, resolve
 from gridstream.taskplan import plan_graph
+from services.worker.carrier import Carrier
 from services.worker.operators import DeadLetter
 from services.worker.peers import OutSegment, PeerRouter
 from services.worker.shuffle import Shuffle
 from services.worker.watermarks import TimedShuffle
+from services.worker.windows import Event
 
 
 def _no_key(value: Any) -> Any:  # pragma: no cover - a forward edge never keys
@@ -67,8 +69,10 @@ class Forward(Shuffle):
 class Outbound:
     """Every edge of one task of one partition."""
 
-    def __init__(self, edges: list[Shuffle]) -> None:
+    def __init__(self, edges: list[Shuffle], carrier: Carrier | None = None) -> None:
         self.edges = edges
+        self.carrier = carrier
+        """The watermark carried on past an event-time stage (services.worker.carrier)."""
 
     @classmethod
     def of_task(cls, job_id: str, spec: JobSpec, task: int, partition: int, channel: str,
@@ -77,9 +81,10 @@ class Outbound:
                 ) -> Outbound:
         """The edges the job's plan gives ``task``, sending on ``channel``."""
         edges: list[Shuffle] = []
+        carrier = Carrier.of_task(spec, task, partition)
         for edge in plan_graph(spec).tasks[task].edges:
             stage = edge.stage
-            if edge.keyed and stage.kind in EVENT_TIME_KINDS:  # the watermark rides along
+            if edge.keyed and stage.kind in EVENT_TIME_KINDS and carrier is None:  # stamped
                 where = f"job {spec.name}, stage {stage.name}"
                 edges.append(TimedShuffle(
                     job_id, edge.task, stage, spec.partitions,
@@ -93,22 +98,31 @@ class Outbound:
             else:
                 edges.append(Forward(job_id, edge.task, stage.name, partition,
                                      spec.partitions, channel, router, batch_records))
-        return cls(edges)
+        return cls(edges, carrier)
 
     def split(self, keys: list[Any] | None, values: list[Any], batch_id: str,
-              dead: list[DeadLetter]) -> list[OutSegment]:
+              dead: list[DeadLetter], event: Event | None = None,
+              windows: Sequence[Any] = ()) -> list[OutSegment]:
         """The chain's output as segments for every edge (edge by edge, each
         edge's in sequence order). Every edge sees the same records: a record
         whose key function fails on one edge goes to dead letters for that
-        edge's stage only."""
-        if not values:
+        edge's stage only. A task that carries event time on stamps its
+        watermark (from the batch's ``event`` and the chain's event-time
+        ``windows``) on the edges that need it, even without records."""
+        carrier = self.carrier
+        mark = None if carrier is None else carrier.mark(event, windows)
+        if not values and mark is None:
             return []
         segments: list[OutSegment] = []
         for n, edge in enumerate(self.edges):
-            if isinstance(edge, Forward):
+            if not values:
+                made = []
+            elif isinstance(edge, Forward):
                 made = edge.split_keyed(keys, values, batch_id, dead)
             else:
                 made = edge.split(values, batch_id, dead)
+            if carrier is not None:
+                made = carrier.stamp(n, edge, made, mark)
             if n:
                 # Each further edge gets records of its own, as decoded from
                 # the wire: a branch on this worker never sees what another
@@ -135,6 +149,8 @@ class Outbound:
                  if isinstance(edge, TimedShuffle)}
         if timed:  # only a job with event time has it
             out["event_time"] = timed
+        if self.carrier is not None:
+            out["carried_time"] = self.carrier.header()
         return out
 
     def restore(self, saved: dict[str, Any]) -> None:
@@ -150,3 +166,5 @@ class Outbound:
             mark = timed.get(edge.dest_task, timed.get(str(edge.dest_task)))
             if mark is not None and isinstance(edge, TimedShuffle):
                 edge.restore(mark)
+        if self.carrier is not None and saved.get("carried_time") is not None:
+            self.carrier.restore(saved["carried_time"])

@@ -48,6 +48,13 @@ class TableJoinStep:
         self._first_wait = -math.inf
         """No stream record waits with a time before this (-inf: unknown, look)."""
 
+    @property
+    def output_watermark(self) -> float | None:
+        """The watermark carried past the stage: its own, as a joined record's
+        time is the stream record's, which came at or after it."""
+        mark = self.clock.watermark
+        return None if mark == -math.inf else mark
+
     def run(self, keys: list[Any] | None, values: list[Any],
             dead: Any) -> tuple[list[Any], list[Any]]:
         if keys is None:

@@ -23,6 +23,7 @@ from gridstream.deadletters import encode_error, encode_record
 from gridstream.eventtime import user_params, window_config
 from gridstream.jobspec import Stage, resolve
 from services.worker.joins import TableJoinStep
+from services.worker.windowjoin import WindowJoinStep
 from services.worker.windows import Event, WindowStep
 
 Keys = list[Any] | None
@@ -255,7 +256,7 @@ class OperatorChain:
         self.states: dict[str, dict[Any, Any]] = {}
         self.touched: dict[str, set[Any]] = {}
         self._steps: list[StageFn] = []
-        self.windows: list[WindowStep | TableJoinStep] = []
+        self.windows: list[WindowStep | TableJoinStep | WindowJoinStep] = []
         """The chain's window stages (told each batch's channel and watermark)."""
         self.has_sink = bool(stages) and stages[-1].kind == "sink"
         self.append_sink = self.has_sink and stages[-1].mode == "append"
@@ -308,8 +309,12 @@ class OperatorChain:
         for name in (stage.name, marks):
             self.states[name] = {}
             self.touched[name] = set()
-        step: WindowStep | TableJoinStep
-        if stage.kind == "join":
+        step: WindowStep | TableJoinStep | WindowJoinStep
+        if stage.kind == "join" and window_config(stage.params, where, stage.kind).how:
+            step = WindowJoinStep(stage, fn, stamp, self.states[stage.name],
+                                  self.touched[stage.name], self.states[marks],
+                                  self.touched[marks])
+        elif stage.kind == "join":
             step = TableJoinStep(stage, fn, stamp, self.states[stage.name],
                                  self.touched[stage.name], self.states[marks],
                                  self.touched[marks])

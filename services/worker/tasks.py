@@ -120,7 +120,7 @@ class TaskRunner:
                                          batch_records)
         """Every edge the task's output goes on (none for a task ending in a sink)."""
         self.row_prefix = sink_row_prefix(spec, stages)
-        self.event_inputs = event_inputs(spec, task_index)  # None: no window stage first
+        self.event_inputs = event_inputs(spec, task_index, partition)  # None: hears no time
         self.files = writer_of(self.chain, job_id, partition, lambda: self.chain,
                                lambda: self.epoch, self.operator_id)
         """The task's files sink, when its chain ends in one."""
@@ -329,9 +329,9 @@ class TaskRunner:
                 entry.channel, batch_watermark(entry.batch), self.event_inputs)
             result = self.chain.process(entry.keys, entry.values, batch_id, event)
             segments: list[OutSegment] = []
-            if result.values:
+            if result.values or event is not None:  # a watermark may go on alone
                 segments = self.outbound.split(result.keys, result.values, batch_id,
-                                               result.dead_letters)
+                                               result.dead_letters, event, self.chain.windows)
             return result, segments
         except Exception as exc:  # any error of one batch is contained
             error = f"{type(exc).__name__}: {safe_text(exc)}"  # for the log

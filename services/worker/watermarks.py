@@ -1,10 +1,13 @@
-"""The sending side of event time: the watermark of a partition, carried on
-the segments of the shuffle into a window stage (:mod:`services.worker.windows`
-has the whole design)."""
+"""The sending side of event time: which tasks hear watermarks
+(:func:`time_plan`), the watermark of a partition computed from its records
+on the shuffle into a first event-time stage (:class:`TimedShuffle`;
+:mod:`services.worker.windows` has the whole design), and the watermark
+carried on past an event-time stage (:mod:`services.worker.carrier`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from gridstream.eventtime import EVENT_TIME_KINDS, event_time, window_config
@@ -16,14 +19,55 @@ from services.worker.peers import OutSegment, PeerRouter
 from services.worker.shuffle import Shuffle
 
 
-def event_inputs(job: JobSpec, task: int) -> tuple[str, ...] | None:
-    """The channels a task starting with a window stage hears from (every
-    partition of every upstream task), or None for any other task."""
-    plan = plan_graph(job).tasks[task]
-    if not plan.stages or plan.stages[0].kind not in EVENT_TIME_KINDS:
+@dataclass(frozen=True)
+class TimePlan:
+    """Which tasks of a job hear watermarks and which carry one on.
+
+    A task *carries* event time when its chain has an event-time stage (a
+    window or join) or a task sending to it carries it: its output's
+    watermark comes from that stage (its :attr:`output_watermark`) or from
+    its inputs (the minimum over them), not from its records. A task *hears*
+    watermarks when it starts with an event-time stage, or carries event time
+    and sends on (through any tasks) to one. An edge into a hearing task
+    carries the watermark: the carried one from a carrying task, else one
+    computed from the records (:class:`TimedShuffle`)."""
+
+    carries: frozenset[int]
+    hears: frozenset[int]
+
+
+def time_plan(job: JobSpec) -> TimePlan:
+    """The :class:`TimePlan` of a (validated) job."""
+    plan = plan_graph(job)
+    starts = {t.index for t in plan.tasks
+              if t.stages and t.stages[0].kind in EVENT_TIME_KINDS}
+    carries: set[int] = set()
+    for task in plan.tasks:  # an edge always goes to a later task
+        if task.index in starts or carries.intersection(task.inputs):
+            carries.add(task.index)
+    reach: set[int] = set()
+    for task in reversed(plan.tasks):
+        if any(e.task in starts or e.task in reach for e in task.edges):
+            reach.add(task.index)
+    hears = starts | {t.index for t in plan.tasks
+                      if t.index in reach and carries.intersection(t.inputs)}
+    return TimePlan(frozenset(carries), frozenset(hears))
+
+
+def event_inputs(job: JobSpec, task: int,
+                 partition: int | None = None) -> tuple[str, ...] | None:
+    """The channels a task that hears watermarks hears from (every partition
+    of every upstream task; over a forward edge, ``partition``'s own only),
+    or None for any other task."""
+    if task not in time_plan(job).hears:
         return None
-    return tuple(task_channel(i, p) for i in sorted(set(plan.inputs))
-                 for p in range(job.partitions))
+    plan = plan_graph(job)
+    channels: list[str] = []
+    for i in sorted(set(plan.tasks[task].inputs)):
+        keyed = any(e.keyed for e in plan.tasks[i].edges if e.task == task)
+        channels += [task_channel(i, p) for p in range(job.partitions)
+                     if keyed or partition is None or p == partition]
+    return tuple(channels)
 
 
 def batch_watermark(batch: Any) -> float | None:

@@ -104,6 +104,21 @@ class WindowStep:
         self._mine: set[Any] = set()
         """Keys whose panes this batch copied already (see :meth:`_add`)."""
 
+    @property
+    def output_watermark(self) -> float | None:
+        """The watermark carried past the stage (to a second event-time stage
+        downstream): the earliest start a window that has not fired can have,
+        as a fired window's time is its start (:func:`gridstream.eventtime.window_start`).
+        A session's is the earliest of its open sessions' starts and the
+        start a record not yet late could open; that one looks at the state."""
+        due = self.clock.watermark - self.config.lateness
+        if due == -math.inf:
+            return None
+        if self.config.type != "session":
+            return self.config.first_start(due)
+        opened = (p[0] for panes in self.state.values() for p in panes)
+        return min(due - self.config.gap, min(opened, default=math.inf))
+
     def run(self, keys: list[Any] | None, values: list[Any],
             dead: Any) -> tuple[list[Any], list[Any]]:
         if keys is None:
