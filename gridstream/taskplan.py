@@ -20,13 +20,16 @@ with their key (forward). Only a task's last stage has readers outside the
 task, so its output is the task's output, sent on every edge.
 
 A linear pipeline plans exactly as before graphs existed: a task at every
-keyed stage, one keyed edge from each task to the next.
+keyed stage, one keyed edge from each task to the next. A task that is a
+counting reduce into a latest sink combines: its edges send partial counts
+and its reduce adds them (:mod:`gridstream.combiners`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from gridstream.combiners import combiner_of, merging
 from gridstream.jobspec import SOURCE, JobSpec, Stage, effective_inputs
 
 
@@ -38,6 +41,10 @@ class Edge:
     """The destination task."""
     stage: Stage
     """The destination task's first stage (a keyed one names the key function)."""
+    combine: str = ""
+    """The reduce function whose partials the edge sends, one per key per
+    batch, when the destination combines (:mod:`gridstream.combiners`);
+    empty: every record as it is."""
 
     @property
     def keyed(self) -> bool:
@@ -99,6 +106,13 @@ def plan_graph(job: JobSpec) -> GraphPlan:
                 edges[task_of[name]].append(Edge(task, stage))
                 feeds[task].append(task_of[name])
         task_of[stage.name] = task
+    for task in range(1, len(stages)):
+        if combiner_of(stages[task]) is not None:
+            function = stages[task][0].function
+            for sender in set(feeds[task]):
+                edges[sender] = [replace(e, combine=function) if e.task == task else e
+                                 for e in edges[sender]]
+            stages[task] = list(merging(stages[task]))
     tasks = tuple(TaskPlan(i, tuple(stages[i]), tuple(feeds[i]), tuple(edges[i]))
                   for i in range(len(stages)))
     return GraphPlan(tasks, tuple(s.name for s in job.stages if s.kind == "sink"))

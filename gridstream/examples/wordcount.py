@@ -48,6 +48,14 @@ def job(partitions: int = 0, window_size: int = 0, delivery: str = "exactly_once
     )
 
 
+def count_records(lines: list[str], batch_size: int) -> int:
+    """How many records the job's ``count`` task receives when ``lines`` are
+    sent unkeyed in batches of ``batch_size``: each sent batch's split sends
+    every distinct word once, with its count (:mod:`gridstream.combiners`)."""
+    return sum(len({w for line in lines[i:i + batch_size] for w in line.lower().split()})
+               for i in range(0, len(lines), batch_size))
+
+
 def reference(lines: Iterable[str]) -> dict[str, int]:
     """The expected sink contents, computed in-process."""
     counts: Counter[str] = Counter()

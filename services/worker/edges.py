@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gridstream.codec import decode_batch
+from gridstream.combiners import COMBINERS
 from gridstream.eventtime import EVENT_TIME_KINDS
 from gridstream.jobspec import JobSpec, resolve
 from gridstream.taskplan import plan_graph
@@ -93,8 +94,9 @@ class Outbound:
                     channel, router, batch_records))
             elif edge.keyed:
                 key_fn = resolve_key(stage.key, f"job {spec.name}, stage {stage.name}, key")
+                combine = COMBINERS[edge.combine].partials if edge.combine else None
                 edges.append(Shuffle(job_id, edge.task, stage.name, spec.partitions, key_fn,
-                                     channel, router, batch_records))
+                                     channel, router, batch_records, combine))
             else:
                 edges.append(Forward(job_id, edge.task, stage.name, partition,
                                      spec.partitions, channel, router, batch_records))

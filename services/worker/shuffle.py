@@ -15,6 +15,7 @@ from typing import Any
 import xxhash
 
 from gridstream.codec import PayloadError, encode_batch
+from gridstream.combiners import Partials
 from gridstream.deadletters import encode_error, encode_message, encode_record
 from gridstream.ids import key_text
 from services.worker.operators import TRACEBACKS_PER_BATCH, DeadLetter, check_key, safe_text
@@ -52,6 +53,7 @@ class Shuffle:
         channel: str,
         router: PeerRouter,
         batch_records: int,
+        combine: Partials | None = None,
     ) -> None:
         self.job_id = job_id
         self.dest_task = dest_task
@@ -61,6 +63,8 @@ class Shuffle:
         self.channel = channel
         self.router = router
         self.batch_records = batch_records
+        self.combine = combine
+        """Folds a batch into one partial per key (:mod:`gridstream.combiners`)."""
         self.sequences: dict[int, int] = {}
         self._partition_of: dict[Any, int] = {}
 
@@ -93,6 +97,8 @@ class Shuffle:
     ) -> list[OutSegment]:
         """Keys the records and groups them into segments, one sequence each."""
         keys, values = self._keys(values, batch_id, dead)
+        if self.combine is not None:
+            keys, values = self.combine(keys, values)
         partition_of = self._partition_of
         if len(partition_of) > _CACHE_LIMIT:
             partition_of.clear()

@@ -22,8 +22,10 @@ def scrape(address: str) -> str:
 async def test_metrics_endpoints_expose_the_named_series(cluster: LocalCluster,
                                                          client: Client) -> None:
     job_id = await client.submit(wordcount.job())
-    await client.send(job_id, wordcount.generate(20_000, seed=2))
+    lines = wordcount.generate(20_000, seed=2)
+    await client.send(job_id, lines)
     await client.drain(job_id)
+    assert await client.results(job_id) == wordcount.reference(lines)
     worker_text = "\n".join([await asyncio.to_thread(scrape, m.metrics_address)
                              for m in cluster.members.values() if m.role == "worker"])
     for series in ("gridstream_records_in_total", "gridstream_records_out_total",
@@ -33,8 +35,8 @@ async def test_metrics_endpoints_expose_the_named_series(cluster: LocalCluster,
         assert series in worker_text, series
     processed = sum(float(line.rsplit(" ", 1)[1]) for line in worker_text.splitlines()
                     if line.startswith("gridstream_records_processed_total{")
-                    and f'job="{job_id}"' in line and 'task="1"' in line)
-    assert processed == 20_000  # every word counted once, across the three workers
+                    and f'job="{job_id}"' in line and 'task="0"' in line)
+    assert processed == len(lines)  # every line split once, across the three workers
 
     def total(name: str) -> float:
         return sum(float(line.rsplit(" ", 1)[1]) for line in worker_text.splitlines()
