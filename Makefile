@@ -90,3 +90,12 @@ BENCH_LATENCY_ARGS ?=
 
 bench-latency: setup
 	$(PY) bench/latency.py $(BENCH_LATENCY_ARGS)
+
+# Windowed aggregation: throughput next to the keyed reduce's, and p50/p99 from
+# an event to its window's result (bench/windows.py; not part of `make test` or
+# `make bench`): `make bench-windows BENCH_WINDOWS_ARGS="--runs 5"`.
+.PHONY: bench-windows
+BENCH_WINDOWS_ARGS ?=
+
+bench-windows: setup
+	$(PY) bench/windows.py $(BENCH_WINDOWS_ARGS)
