@@ -233,6 +233,11 @@ def window_start(fired: Mapping[str, Any]) -> Any:
     return fired["start"]
 
 
+def window_key(fired: Mapping[str, Any]) -> Any:
+    """A fired window's key (to key a second stage by it)."""
+    return fired["key"]
+
+
 def joined_records(value: Any) -> Iterator[Any]:
     """flat_map over a join stage's output: each joined record."""
     if isinstance(value, dict) and value.get("tag") == JOINED:

@@ -540,12 +540,14 @@ class TripsRun:
     """Windows fired (rows of the append sink of fired windows)."""
     problems: list[str] = field(default_factory=list)
     """Windows that fired twice, differ or are missing; late trips."""
+    changes: HistoryVerdict = field(default_factory=HistoryVerdict)  # the windowed join's
     losses: list[str] = field(default_factory=list)
     undrained: str = ""
 
     def table(self) -> str:
         """The faults, then the verdict."""
-        return _report(self, f"{self.windows} windows fired; {len(self.problems)} problems",
+        return _report(self, f"{self.windows} windows fired; windowed join: "
+                       f"{self.changes.summary()}; {len(self.problems)} problems",
                        self.problems)
 
 
@@ -553,12 +555,12 @@ async def run_trips(steps: list[Step], run_dir: Path, records: int = 20_000,
                     stream_s: float = 12.0, chunk: int = 500, config: Config | None = None,
                     seed: int = 0, drain_timeout_s: float = 180.0,
                     partitions: int = 8) -> TripsRun:
-    """The windowed trips job (:mod:`gridstream.examples.trips`) on a fresh
-    supervised local cluster through the scenario: every window of the sent
-    trips must fire exactly once (no row twice in the append sink of fired
-    windows) with the value the in-process reference computes in event-time
-    order, every trip must be joined once with its driver as of its time, and
-    no trip may be late."""
+    """The trips job (:mod:`gridstream.examples.trips`) on a fresh supervised
+    local cluster through the scenario: every window fired once (no row twice
+    in the append sink) with the in-process reference's value, every trip
+    joined once with its driver as of its time, each device's changes (a
+    windowed join after the windows) as the reference's, in order (the
+    history checker), and no trip late."""
     from gridstream.examples import trips
 
     rng = random.Random(seed)
@@ -577,24 +579,22 @@ async def run_trips(steps: list[Step], run_dir: Path, records: int = 20_000,
         await _send_under_faults(cluster, client, job_id, sender, steps, rng, run,
                                  drain_timeout_s)
         rows = list((await client.results(job_id, sink="summaries")).values())
-        late = await client.results(job_id, sink="late")
         joined = trips.driven(list((await client.results(job_id, sink="driven")).values()))
-        late = {**late, **await client.results(job_id, sink="late_driven")}
+        late = {**await client.results(job_id, sink="late"),
+                **await client.results(job_id, sink="late_driven")}
+        run.changes = trips.check_changes(await client.results(job_id, sink="changes"), values)
     run.windows = len(rows)
     if joined != trips.reference_driven(values):
         run.problems.append(f"{len(joined)} joined trips, not the reference's "
                             f"{len(trips.reference_driven(values))} with their drivers")
+    run.problems += [] if run.changes.ok else [f"windowed join {run.changes.summary()}"]
     try:
         fired = trips.summaries(rows)
     except AssertionError as exc:
-        run.problems.append(str(exc))
-        fired = {}
+        run.problems, fired = [*run.problems, str(exc)], {}
     wrong = [w for w, want in expected.items() if w in fired and fired[w] != want]
-    missing = [w for w in expected if w not in fired]
-    extra = [w for w in fired if w not in expected]
-    for label, found in (("differ", wrong), ("missing", missing), ("not sent", extra)):
-        if found:
-            run.problems.append(f"{len(found)} windows {label}, e.g. {sorted(found)[:3]}")
-    if late:
-        run.problems.append(f"{len(late)} trips late")
-    return run
+    missing, extra = ([w for w in expected if w not in fired],
+                      [w for w in fired if w not in expected])
+    run.problems += [f"{len(found)} windows {label}, e.g. {sorted(found)[:3]}" for label, found
+                     in (("differ", wrong), ("missing", missing), ("not sent", extra)) if found]
+    return replace(run, problems=run.problems + ([f"{len(late)} trips late"] if late else []))

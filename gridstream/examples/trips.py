@@ -1,7 +1,9 @@
 """The taxi devices' trips in event time: a per-device trip summary (trips and
 metres) in 5-minute tumbling windows, with late trips to a side output, and
 every trip joined with the device table (its driver as of the trip's time,
-from a changelog of device records) (docs/eventtime.md).
+from a changelog of device records), and every window's summary joined with
+the device records of the same device and window (a windowed join after a
+window: the watermark carried on past the first) (docs/eventtime.md).
 
 Every trip event carries the second it ended (``t``); events reach the
 cluster out of order by up to ``JITTER_S`` seconds, so the windows' watermark
@@ -120,7 +122,69 @@ def flow(partitions: int = 4, lateness: float = 0) -> Dataflow:
                               fn=with_driver, how="left")
     driven.sink("driven", mode="append")
     driven.late("late_joins").sink("late_driven", mode="append")
+    changes = windows.join_window("change_join", devices, key="gridstream.eventtime:window_key",
+                                  right_key=device_of, tumbling=WINDOW_S, how="left",
+                                  fn=with_change)
+    changes.reduce("per_device", add_change, key=change_device, initial=[]).sink("changes")
     return job
+
+
+def with_change(summary: dict[str, Any], device: dict[str, Any] | None) -> list[Any]:
+    """The windowed join's combination: a window's summary with a device
+    record of the same window, as [device, window start, the record's time
+    and driver] (None, None without one)."""
+    return [summary["key"], summary["start"], None if device is None else device["t"],
+            None if device is None else device["driver"]]
+
+
+def change_device(change: list[Any]) -> str:
+    """The device of a :func:`with_change` record."""
+    return str(change[0])
+
+
+def add_change(changes: list[Any], change: list[Any]) -> list[Any]:
+    """Every change of a device in the order the join sent them."""
+    return [*changes, change[1:]]
+
+
+def reference_changes(values: list[str]) -> dict[str, list[list[Any]]]:
+    """Per device, what the "changes" sink must hold: for each window of its
+    trips (by start), the device records of the same window in the join's
+    order (time, then encoding), or [start, None, None] when there are none;
+    computed in this process."""
+    from gridstream.codec import pack
+
+    records = [parse(v) for v in values if parse(v)["t"] < CLOSING_T]
+    starts = sorted(reference(values))
+    found: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for record in records:
+        if is_device(record):
+            found.setdefault((record["device"], record["t"] // WINDOW_S * WINDOW_S),
+                             []).append(record)
+    out: dict[str, list[list[Any]]] = {}
+    for device, start in sorted(starts, key=lambda w: (w[1], w[0])):
+        rights = sorted(found.get((device, start), []), key=lambda r: (r["t"], pack(r)))
+        out.setdefault(device, []).extend([[start, r["t"], r["driver"]] for r in rights]
+                                          or [[start, None, None]])
+    return out
+
+
+def check_changes(actual: dict[str, Any], values: list[str]) -> Any:
+    """The history checker's verdict on the "changes" sink: each device's
+    changes numbered 1..n in the reference's order, folded in the order the
+    sink got them (lost, duplicated and reordered changes told apart)."""
+    from gridstream.checker import check_history
+    from gridstream.examples.history import EMPTY, fold
+
+    want = reference_changes(values)
+    summaries: dict[str, Any] = {}
+    for device, changes in actual.items():
+        rank = {repr(c): n for n, c in enumerate(want.get(device, []), 1)}
+        summary: Any = list(EMPTY)
+        for change in changes:
+            summary = fold(summary, [device, rank.get(repr(list(change)), 0)])
+        summaries[device] = summary
+    return check_history(summaries, {device: len(c) for device, c in want.items()})
 
 
 def reference(values: list[str]) -> dict[tuple[str, int], list[int]]:

@@ -5,7 +5,10 @@ the job must drain, every window of the sent trips must fire exactly once
 (no row twice in the append sink of fired windows), with the value the
 in-process reference computes from the same trips in event-time order, and
 no trip may come out late (the watermarks a replay recomputes are the ones
-of the first run).
+of the first run). The windowed join after the windows (each window's
+summary with the device records of its window, the watermark carried on past
+the window stage) must give every device's changes as the fault-free
+reference, each once and in order, by the history checker.
 """
 
 from __future__ import annotations
@@ -32,3 +35,4 @@ async def test_windows_fire_once_with_reference_values_under_kills(tmp_path: Pat
     assert not run.problems, run.table()
     assert not run.losses and not run.undrained, run.table()
     assert run.windows > 1_000, run.table()  # 50 devices x 66 windows
+    assert run.changes.ok and run.changes.keys == 50, run.table()
