@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,9 @@ milliseconds, so applying a big state never holds its event loop for long."""
 
 READ_CHUNK_BYTES = 1024 * 1024
 """Soft byte limit of a chunk of a read."""
+
+SLOW_CLAIM_S = 0.1
+"""A takeover's claim this slow is logged (it delays the takeover)."""
 
 OperatorKey = tuple[str, str]
 
@@ -261,43 +265,46 @@ class StateChains:
     # -- compaction --------------------------------------------------------
 
     async def compact(self, job_id: str, operator_id: str, keep: int = 1) -> int:
-        """Folds all but the newest ``keep`` deltas into the base, in one
-        transaction; returns how many were folded (0 when nothing to do).
+        """Folds all but the newest ``keep`` deltas into the base, oldest
+        first, one delta per transaction (so a takeover's claim, which goes
+        ahead of queued writes, never waits for a whole chain's fold); returns
+        how many were folded (0 when nothing to do).
 
         The newest delta stays apart so that a new owner continuing from its
         parent (see the module) can still drop it."""
         key = (job_id, operator_id)
 
-        async def op(conn: aiosqlite.Connection) -> int:
+        async def fold_oldest(conn: aiosqlite.Connection) -> bool:
             rows = list(await conn.execute_fetchall(
                 'SELECT "window", epoch, header FROM state_deltas WHERE job_id = ? '
-                'AND operator_id = ? ORDER BY "window"', key))
-            fold = rows[:max(0, len(rows) - keep)]
-            for window, _epoch, _header in fold:
+                'AND operator_id = ? ORDER BY "window" LIMIT ?', (*key, keep + 1)))
+            if len(rows) <= keep:
+                return False
+            window, epoch, header = rows[0]
+            await conn.execute(
+                "INSERT INTO state_entries (job_id, operator_id, stage, key, value) "
+                "SELECT job_id, operator_id, stage, key, value FROM state_delta_entries "
+                'WHERE job_id = ? AND operator_id = ? AND "window" = ? AND value IS NOT NULL '
+                "ON CONFLICT (job_id, operator_id, stage, key) DO UPDATE "
+                "SET value = excluded.value", (*key, window))
+            await conn.execute(
+                "DELETE FROM state_entries WHERE job_id = ? AND operator_id = ? AND "
+                "(stage, key) IN (SELECT stage, key FROM state_delta_entries WHERE "
+                'job_id = ? AND operator_id = ? AND "window" = ? AND value IS NULL)',
+                (*key, *key, window))
+            for table in ("state_delta_entries", "state_deltas"):
                 await conn.execute(
-                    "INSERT INTO state_entries (job_id, operator_id, stage, key, value) "
-                    "SELECT job_id, operator_id, stage, key, value FROM state_delta_entries "
-                    'WHERE job_id = ? AND operator_id = ? AND "window" = ? AND value IS NOT NULL '
-                    "ON CONFLICT (job_id, operator_id, stage, key) DO UPDATE "
-                    "SET value = excluded.value", (*key, window))
-                await conn.execute(
-                    "DELETE FROM state_entries WHERE job_id = ? AND operator_id = ? AND "
-                    "(stage, key) IN (SELECT stage, key FROM state_delta_entries WHERE "
-                    'job_id = ? AND operator_id = ? AND "window" = ? AND value IS NULL)',
-                    (*key, *key, window))
-                for table in ("state_delta_entries", "state_deltas"):
-                    await conn.execute(
-                        f'DELETE FROM {table} WHERE job_id = ? AND operator_id = ? '
-                        'AND "window" = ?', (*key, window))
-            if fold:
-                window, epoch, header = fold[-1]
-                await conn.execute(
-                    "UPDATE state_heads SET base_window = ?, base_epoch = ?, base_header = ? "
-                    "WHERE job_id = ? AND operator_id = ?", (window, epoch, header, *key))
-            return len(fold)
+                    f'DELETE FROM {table} WHERE job_id = ? AND operator_id = ? '
+                    'AND "window" = ?', (*key, window))
+            await conn.execute(
+                "UPDATE state_heads SET base_window = ?, base_epoch = ?, base_header = ? "
+                "WHERE job_id = ? AND operator_id = ?", (window, epoch, header, *key))
+            return True
 
-        folded: int = await self._store._commit().submit(op)
-        self.folds += folded
+        folded = 0
+        while await self._store._commit().submit(fold_oldest):
+            folded += 1
+            self.folds += 1
         return folded
 
     async def _compactor(self) -> None:
@@ -332,7 +339,11 @@ class StateChains:
                 store._check_fence(job_id, operator_id, claim_epoch)
                 await store._advance(conn, job_id, operator_id, claim_epoch, 0)
 
+            began = time.monotonic()
             await store._commit().submit(claim, urgent=True)
+            took = time.monotonic() - began
+            if took >= SLOW_CLAIM_S:
+                log.info("claiming %s for epoch %d took %.3fs", operator_id, claim_epoch, took)
         reader = store._read()
         found = await _head(reader, job_id, operator_id)
         if found is None:

@@ -9,8 +9,9 @@ so an acknowledged write is a durable write.
 
 An *urgent* write (a new owner claiming an operator before it reads its
 state) skips the queue: it is committed in a transaction of its own before
-the next group, so a takeover waits for at most the transaction being
-written, not for every write queued behind a busy store. Reordering is safe
+the next group, so a takeover waits for at most the write being run, not for
+every write queued behind a busy store: a group in progress commits what it
+has written when an urgent write arrives and runs the rest after it. Reordering is safe
 because every fenced write checks the fence again inside its transaction.
 """
 
@@ -20,7 +21,8 @@ import asyncio
 import contextlib
 import logging
 import sqlite3
-from collections import deque
+import time
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -32,6 +34,9 @@ from gridstream.errors import GridstreamError, Unavailable
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+SLOW_TRANSACTION_S = 0.25
+"""A transaction this long is logged: everything queued waited for it."""
 
 WriteOp = Callable[[aiosqlite.Connection], Awaitable[_T]]
 """A write: runs statements on the write connection inside the writer's
@@ -88,8 +93,12 @@ class GroupCommitter:
         """Set when the queue or the urgent lane has something for the writer."""
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._carried: deque[_Pending] = deque()
+        """Writes of a group cut short for an urgent one: they go first next."""
         self.commits = 0
         """Transactions committed; fewer than writes when grouping works."""
+        self.longest_s = 0.0
+        """The longest transaction so far (seconds)."""
         self.writes = 0
         """Writes committed."""
 
@@ -139,7 +148,7 @@ class GroupCommitter:
         """Writer loop: take everything queued (up to ``max_group``), commit it as one."""
         try:
             while True:
-                if not self._urgent and self._queue.empty():
+                if not self._urgent and not self._carried and self._queue.empty():
                     self._ready.clear()
                     await self._ready.wait()
                     continue
@@ -148,6 +157,8 @@ class GroupCommitter:
                     while self._urgent:
                         group.append(self._urgent.popleft())
                 else:
+                    while len(group) < self._max_group and self._carried:
+                        group.append(self._carried.popleft())
                     while len(group) < self._max_group and not self._queue.empty():
                         group.append(self._queue.get_nowait())
                 try:
@@ -163,8 +174,9 @@ class GroupCommitter:
 
     def _fail_queued(self) -> None:
         """Fails writes still queued when the writer stops, so no caller waits forever."""
-        while self._urgent or not self._queue.empty():
-            pending = self._urgent.popleft() if self._urgent else self._queue.get_nowait()
+        while self._urgent or self._carried or not self._queue.empty():
+            pending = (self._urgent.popleft() if self._urgent else
+                       self._carried.popleft() if self._carried else self._queue.get_nowait())
             if not pending.future.done():
                 pending.future.set_exception(
                     Unavailable("the state store shut down before this write was stored; "
@@ -179,10 +191,18 @@ class GroupCommitter:
                 pending.future.set_result(None)
             return
         results: list[Any] = []
+        began = time.monotonic()
+        cut = len(live)
         try:
             await self._conn.execute("BEGIN IMMEDIATE")
-            for pending in live:
+            for i, pending in enumerate(live):
                 results.append(await pending.op(self._conn))
+                if self._urgent and i + 1 < len(live):
+                    # A takeover's claim arrived: commit what is written and
+                    # run the rest after the claim, so the claim waits for one
+                    # write, not for a whole group of them.
+                    cut = i + 1
+                    break
             await self._conn.execute("COMMIT")
         except asyncio.CancelledError:
             await self._rollback()
@@ -205,8 +225,18 @@ class GroupCommitter:
             if not live[0].future.done():
                 live[0].future.set_exception(error)
             return
+        live, rest = live[:cut], live[cut:]
+        self._carried.extendleft(reversed(rest))
         self.commits += 1
         self.writes += sum(pending.op is not _noop for pending in live)
+        took = time.monotonic() - began
+        self.longest_s = max(self.longest_s, took)
+        if took >= SLOW_TRANSACTION_S:
+            # Every write queued behind it waited as long, a takeover's claim too.
+            kinds = Counter(getattr(p.op, "__qualname__", "?").split(".<locals>")[0]
+                            for p in live)
+            log.info("a transaction of %d writes took %.3fs (%s)", len(live), took,
+                     ", ".join(f"{n} {kind}" for kind, n in kinds.most_common()))
         for pending, result in zip(live, results, strict=True):
             if not pending.future.done():
                 pending.future.set_result(result)

@@ -62,3 +62,38 @@ async def test_an_urgent_write_goes_ahead_of_the_queue(committer: GroupCommitter
     await asyncio.gather(busy, claim, *queued)
     assert order[:2] == ["slow", "claim"]  # waited for the transaction in progress only
     assert sorted(order[2:]) == sorted(f"w{i}" for i in range(50))
+
+
+async def test_a_group_in_progress_yields_to_an_urgent_write(committer: GroupCommitter) -> None:
+    # Writes w0..w9 share a transaction; the claim arrives while w2 runs: it is
+    # committed after w2 (what was written commits first), before w3..w9, which
+    # still commit, in order.
+    order: list[str] = []
+    gate = asyncio.Event()
+    in_w2 = asyncio.Event()
+    block = asyncio.Event()
+
+    async def held(conn: aiosqlite.Connection) -> None:  # keeps the writer busy
+        await gate.wait()
+
+    def write(i: int) -> Callable[[aiosqlite.Connection], Awaitable[None]]:
+        async def op(conn: aiosqlite.Connection) -> None:
+            if i == 2:
+                in_w2.set()
+                await block.wait()
+            await insert(f"w{i}", order)(conn)
+        return op
+
+    first = asyncio.ensure_future(committer.submit(held))
+    await asyncio.sleep(0.01)
+    group = [asyncio.ensure_future(committer.submit(write(i))) for i in range(10)]
+    await asyncio.sleep(0)
+    gate.set()
+    await in_w2.wait()  # the group of ten is in progress
+    claim = asyncio.ensure_future(committer.submit(insert("claim", order), urgent=True))
+    await asyncio.sleep(0)
+    block.set()
+    await asyncio.gather(first, claim, *group)
+    assert order == ["w0", "w1", "w2", "claim", *(f"w{i}" for i in range(3, 10))]
+    async with committer._conn.execute("SELECT COUNT(*) FROM t") as cursor:
+        assert (await cursor.fetchone()) == (11,)
