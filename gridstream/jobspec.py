@@ -54,8 +54,8 @@ from typing import Any
 
 from gridstream.config import ClusterConfig
 from gridstream.errors import InvalidArgument, PermissionDenied
-from gridstream.eventtime import EVENT_TIME_KINDS, window_config
 from gridstream.filesink import check_file_params
+from gridstream.timers import check_event_time, event_paths
 from gridstream.v1 import common_pb2
 from gridstream.validation import MAX_NESTING, json_nesting_depth, nesting_depth, short
 
@@ -374,8 +374,7 @@ def check_stage(stage: Stage, where: str) -> None:
                  f"{where}: a {stage.kind} stage needs key = 'package.module:function'")
     else:
         _require(not stage.key, f"{where}: only reduce and stateful stages take a key")
-    _require(stage.kind not in EVENT_TIME_KINDS
-             or bool(window_config(stage.params, where, stage.kind)), where)
+    check_event_time(stage, where)  # a window's or join's params.window, a stateful's timers
     _require(stage.kind not in ("reduce", "window") or stage.initial is not None,
              f"{where}: a reduce needs an initial accumulator, the value its function "
              "receives for a key's first record: add initial = 0 (to count or sum), "
@@ -511,8 +510,8 @@ def check_imports(job: JobSpec, allowed: tuple[str, ...] | None = None) -> None:
             resolve(stage.function, f"{where}, function", allowed)
         if stage.key:
             resolve(stage.key, f"{where}, key", allowed)
-        if stage.kind in EVENT_TIME_KINDS:  # its timestamp function runs on the workers too
-            resolve(str(stage.params["window"]["timestamp"]), f"{where}, timestamp", allowed)
+        for path in event_paths(stage):  # timestamp and timer functions run on workers too
+            resolve(path, f"{where}, {path}", allowed)
 
 
 def plan_tasks(job: JobSpec) -> list[list[Stage]]:

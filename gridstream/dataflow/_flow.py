@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from gridstream.dataflow._functions import FunctionLike, check_call, function_path
 from gridstream.errors import InvalidArgument
 from gridstream.jobspec import SOURCE, JobSpec, Stage, check_stage, validate
+from gridstream.timers import TIMERS, user_params
 
 if TYPE_CHECKING:
     from gridstream.dataflow._stream import Stream
@@ -104,7 +105,10 @@ class Dataflow:
             function = function_path(fn, f"{where}, function")
             given = {k: v for k, v in params.items()
                      if k != "window" or kind not in ("window", "join")}
-            check_call(fn, POSITIONAL.get(kind, 1), given, f"{where}, function")
+            positional = POSITIONAL.get(kind, 1)
+            if kind == "stateful" and TIMERS in params:  # fn(state, value, ctx, **params)
+                given, positional = user_params(params), 3
+            check_call(fn, positional, given, f"{where}, function")
         key_path = ""
         if key is not None:
             key_path = function_path(key, f"{where}, key")

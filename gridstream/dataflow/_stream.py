@@ -16,6 +16,11 @@ operator       function                                    output
 ``stateful``   ``fn(state, value, **params) ->             each output, with the
                (state, outputs)``; None state deletes      key
 =============  ==========================================  ======================
+
+A ``stateful`` given ``on_timer`` (or ``context=True``) calls
+``fn(state, value, ctx, **params)`` and ``on_timer(state, timer, ctx,
+**params)``, both returning ``(state, outputs)``: per-key timers and a
+recorded clock (:mod:`gridstream.timers`, docs/dataflow.md "Timers").
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 
 from gridstream.dataflow._flow import Dataflow
 from gridstream.dataflow._functions import FunctionLike
+from gridstream.dataflow._timers import timed_params
 from gridstream.dataflow._windows import (
     LATE_FN,
     WINDOW_START_FN,
@@ -142,11 +148,14 @@ class Stream:
         return self.key_by(key).reduce(name, fn, initial=initial, params=params)
 
     def stateful(self, name: str, fn: FunctionLike, *, key: FunctionLike, initial: Any = None,
-                 params: Params = None) -> Stream:
+                 params: Params = None, on_timer: FunctionLike | None = None,
+                 context: bool = False) -> Stream:
         """Per key, ``state, outputs = fn(state, value, **params)`` from
         ``initial``; emits every output with the key; a None state deletes
-        the key's state."""
-        return self.key_by(key).stateful(name, fn, initial=initial, params=params)
+        the key's state. With ``on_timer`` or ``context``, see
+        :meth:`KeyedStream.stateful`."""
+        return self.key_by(key).stateful(name, fn, initial=initial, params=params,
+                                         on_timer=on_timer, context=context)
 
     def union(self, *others: Stream) -> Stream:
         """This stream and ``others`` as one (see :meth:`Dataflow.union`)."""
@@ -206,8 +215,20 @@ class KeyedStream:
         return Stream(self.flow, (added,))
 
     def stateful(self, name: str, fn: FunctionLike, *, initial: Any = None,
-                 params: Params = None) -> Stream:
-        """:meth:`Stream.stateful` with this stream's key."""
+                 params: Params = None, on_timer: FunctionLike | None = None,
+                 context: bool = False) -> Stream:
+        """:meth:`Stream.stateful` with this stream's key. Given ``on_timer``
+        (or ``context=True``), per-key timers: ``fn(state, value, ctx,
+        **params)`` may call ``ctx.set_timer(t)`` (event time: fires when the
+        watermark reaches ``t``; the stream needs ``with_timestamps``) or
+        ``ctx.set_processing_timer(t)`` (fires with the first batch whose
+        recorded time ``ctx.now()`` reaches ``t``), and each timer fires once
+        as ``on_timer(state, timer, ctx, **params) -> (state, outputs)``, by
+        (time, key); timers are keyed state, and every time ``ctx`` hands
+        out is recorded with the input, so a replay fires them the same way
+        (docs/dataflow.md, "Timers")."""
+        if on_timer is not None or context:
+            params = timed_params(self.flow, name, self.timing, on_timer, params)
         added = self.flow.add("stateful", name, self.inputs, fn, key=self.key,
                               initial=initial, params=params)
         return Stream(self.flow, (added,))

@@ -25,7 +25,6 @@ from gridstream.codec import decode_batch, encode_batch, row_json
 from gridstream.config import ClusterConfig
 from gridstream.dataflow import Dataflow
 from gridstream.deadletters import encode_error, encode_record
-from gridstream.eventtime import EVENT_TIME_KINDS
 from gridstream.ids import batch_identity, key_text, partition_for_key, task_channel
 from gridstream.jobspec import (
     JobSpec,
@@ -36,6 +35,7 @@ from gridstream.jobspec import (
     validate,
 )
 from gridstream.taskplan import TaskPlan, plan_graph
+from gridstream.timers import event_paths
 from gridstream.types import DeadLetter
 from gridstream.validation import check_nesting
 from services.worker.edges import Outbound
@@ -60,6 +60,12 @@ class TestSource:
     values: Sequence[Any]
     keys: Sequence[Any] | None = None
     batch_size: int = DEFAULT_BATCH_SIZE
+    times: Sequence[float] | None = None
+    """The processing time each record is sent at (Unix seconds, say); a
+    batch's is its last record's, as a client stamps a batch when it sends
+    it. It is what a timed stateful stage's ``ctx.now()`` returns and what
+    fires its processing-time timers (docs/dataflow.md, "Timers"); None:
+    0.0, no time recorded."""
 
 
 @dataclass
@@ -109,6 +115,9 @@ class _Batch:
     channel: str = SOURCE_CHANNEL
     watermark: float | None = None
     """The watermark the batch carries (into a window stage only)."""
+    time: float = 0.0
+    """The processing time recorded with the batch (a client's send time),
+    passed on with its outputs as a worker passes it on."""
 
 
 class _NoRouter:
@@ -129,29 +138,35 @@ def source_batches(source: TestSource, partitions: int) -> list[_Batch]:
     each batch with the sequence a fresh client gives it."""
     values = list(source.values)
     check_nesting(values, "record")
-    per_partition: dict[int, list[tuple[list[Any] | None, list[Any]]]] = {}
+    times = [0.0] * len(values) if source.times is None else [float(t) for t in source.times]
+    if len(times) != len(values):
+        raise ValueError("times and values differ in length")
+    per_partition: dict[int, list[tuple[list[Any] | None, list[Any], float]]] = {}
     size = max(1, source.batch_size)
     if source.keys is not None:
         keys = list(source.keys)
         if len(keys) != len(values):
             raise ValueError("keys and values differ in length")
         check_nesting(keys, "key")
-        grouped: dict[int, tuple[list[Any], list[Any]]] = {}
-        for k, v in zip(keys, values, strict=True):
-            bucket = grouped.setdefault(partition_for_key(k, partitions), ([], []))
+        grouped: dict[int, tuple[list[Any], list[Any], list[float]]] = {}
+        for k, v, t in zip(keys, values, times, strict=True):
+            bucket = grouped.setdefault(partition_for_key(k, partitions), ([], [], []))
             bucket[0].append(k)
             bucket[1].append(v)
-        for p, (bk, bv) in grouped.items():
-            per_partition[p] = [(bk[i:i + size], bv[i:i + size]) for i in range(0, len(bv), size)]
+            bucket[2].append(t)
+        for p, (bk, bv, bt) in grouped.items():
+            per_partition[p] = [(bk[i:i + size], bv[i:i + size], max(bt[i:i + size]))
+                                for i in range(0, len(bv), size)]
     else:
         for n, start in enumerate(range(0, len(values), size)):
-            per_partition.setdefault(n % partitions, []).append((None, values[start:start + size]))
+            per_partition.setdefault(n % partitions, []).append(
+                (None, values[start:start + size], max(times[start:start + size])))
     batches = []
     for p in sorted(per_partition):
-        for sequence, (sent_keys, sent_values) in enumerate(per_partition[p], start=1):
+        for sequence, (sent_keys, sent_values, sent_at) in enumerate(per_partition[p], start=1):
             wire_keys, wire_values = _wire(sent_values, sent_keys)
             batches.append(_Batch(p, batch_identity(0, p, SOURCE_CHANNEL, sequence),
-                                  wire_keys, wire_values))
+                                  wire_keys, wire_values, time=sent_at))
     return batches
 
 
@@ -228,7 +243,8 @@ class _Run:
             inputs = self.inputs(task, batch.partition)
             event = None if inputs is None else (batch.channel, batch.watermark, inputs)
             try:
-                result = chain.process(batch.keys, batch.values, batch.batch_id, event)
+                result = chain.process(batch.keys, batch.values, batch.batch_id, event,
+                                       batch.time)
             except Exception as exc:  # as a worker dead-letters a batch it cannot run
                 keys = batch.keys or [None] * len(batch.values)
                 self.dead.extend((f"{batch.batch_id}:<task>:{i}", "<task>",
@@ -254,7 +270,7 @@ class _Run:
                         segment.partition, batch_identity(segment.task, segment.partition,
                                                           segment.channel, segment.sequence),
                         wire_keys, wire_values, segment.channel,
-                        batch_watermark(segment.encode())))
+                        batch_watermark(segment.encode()), batch.time))
         return out
 
 
@@ -304,8 +320,8 @@ def run_local(job: JobSpec | Dataflow, inputs: TestSource | Sequence[Any], *,
 
 def _paths(stage: Stage) -> tuple[str, ...]:
     """The import paths a stage names (a window's timestamp function too)."""
-    if stage.kind in EVENT_TIME_KINDS:
-        return stage.function, stage.key, str(stage.params["window"]["timestamp"])
+    if event_paths(stage):
+        return stage.function, stage.key, *event_paths(stage)
     if stage.function == "gridstream.eventtime:tag":  # a join side's key and time
         return stage.function, str(stage.params["key"]), str(stage.params["time"])
     return stage.function, stage.key

@@ -23,9 +23,9 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from gridstream.eventtime import EVENT_TIME_KINDS, window_config
 from gridstream.jobspec import JobSpec
 from gridstream.taskplan import plan_graph
+from gridstream.timers import event_config
 from services.worker.peers import OutSegment
 from services.worker.shuffle import Shuffle
 from services.worker.watermarks import time_plan
@@ -57,9 +57,8 @@ class Carrier:
             if edge.task not in times.hears:
                 continue
             stage = edge.stage
-            tick = 0.0
-            if stage.kind in EVENT_TIME_KINDS:
-                tick = window_config(stage.params, stage.name).tick
+            config = event_config(stage)
+            tick = 0.0 if config is None else config.tick
             ticks[n] = (tick, edge.keyed)
         return cls(ticks, partition) if ticks else None
 

@@ -24,9 +24,9 @@ from typing import Any
 
 from gridstream.codec import decode_batch
 from gridstream.combiners import COMBINERS
-from gridstream.eventtime import EVENT_TIME_KINDS
 from gridstream.jobspec import JobSpec, resolve
 from gridstream.taskplan import plan_graph
+from gridstream.timers import event_config
 from services.worker.carrier import Carrier
 from services.worker.operators import DeadLetter
 from services.worker.peers import OutSegment, PeerRouter
@@ -85,12 +85,13 @@ class Outbound:
         carrier = Carrier.of_task(spec, task, partition)
         for edge in plan_graph(spec).tasks[task].edges:
             stage = edge.stage
-            if edge.keyed and stage.kind in EVENT_TIME_KINDS and carrier is None:  # stamped
+            timed = event_config(stage) if edge.keyed and carrier is None else None
+            if timed is not None:  # the watermark computed from the records
                 where = f"job {spec.name}, stage {stage.name}"
                 edges.append(TimedShuffle(
                     job_id, edge.task, stage, spec.partitions,
                     resolve_key(stage.key, f"{where}, key"),
-                    resolve_key(str(stage.params["window"]["timestamp"]), f"{where}, timestamp"),
+                    resolve_key(timed.timestamp, f"{where}, timestamp"),
                     channel, router, batch_records))
             elif edge.keyed:
                 key_fn = resolve_key(stage.key, f"job {spec.name}, stage {stage.name}, key")

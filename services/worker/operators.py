@@ -22,7 +22,10 @@ from typing import Any
 from gridstream.deadletters import encode_error, encode_record
 from gridstream.eventtime import user_params, window_config
 from gridstream.jobspec import Stage, resolve
+from gridstream.timers import TIMERS, timer_config
+from gridstream.timers import user_params as timer_params
 from services.worker.joins import TableJoinStep
+from services.worker.timers import TimerStep
 from services.worker.windowjoin import WindowJoinStep
 from services.worker.windows import Event, WindowStep
 
@@ -256,7 +259,7 @@ class OperatorChain:
         self.states: dict[str, dict[Any, Any]] = {}
         self.touched: dict[str, set[Any]] = {}
         self._steps: list[StageFn] = []
-        self.windows: list[WindowStep | TableJoinStep | WindowJoinStep] = []
+        self.windows: list[WindowStep | TableJoinStep | WindowJoinStep | TimerStep] = []
         """The chain's window stages (told each batch's channel and watermark)."""
         self.has_sink = bool(stages) and stages[-1].kind == "sink"
         self.append_sink = self.has_sink and stages[-1].mode == "append"
@@ -275,6 +278,9 @@ class OperatorChain:
             fn = resolve(stage.function, f"{where}, stage {stage.name}")
             if stage.kind in ("window", "join"):
                 self._window(stage, fn, where)
+                continue
+            if stage.kind == "stateful" and TIMERS in stage.params:
+                self._timed(stage, fn, where)
                 continue
             if stage.params:  # params travel as data: fn(..., **params) on every call
                 fn = functools.partial(fn, **stage.params)
@@ -325,14 +331,35 @@ class OperatorChain:
         self.windows.append(step)
         self._steps.append(step.run)
 
+    def _timed(self, stage: Stage, fn: Callable[..., Any], where: str) -> None:
+        """A stateful stage with timers (services.worker.timers)."""
+        config = timer_config(stage.params, where)
+        assert config is not None
+        params = timer_params(stage.params)
+        on_timer = (resolve(config.on_timer, f"{where}, stage {stage.name}, on_timer")
+                    if config.on_timer else None)
+        if params:
+            fn = functools.partial(fn, **params)
+            on_timer = None if on_timer is None else functools.partial(on_timer, **params)
+        for name in (stage.name, stage.name + "@timers", stage.name + "@wm"):
+            self.states[name] = {}
+            self.touched[name] = set()
+        step = TimerStep(stage, config, fn, on_timer, functools.partial(_fresh, stage.initial),
+                         self.states, self.touched)
+        self.windows.append(step)
+        self._steps.append(step.run)
+
     def process(self, keys: Keys, values: Values, batch_id: str,
-                event: Event | None = None) -> ChainResult:
+                event: Event | None = None, batch_time: float = 0.0) -> ChainResult:
         """Runs one batch through every stage. ``batch_id`` (the entry's channel
         and sequence) makes dead-letter and sink-row ids stable across replays;
         ``event`` is what a window stage needs of the batch (its channel and
-        watermark)."""
+        watermark); ``batch_time`` is the processing time recorded with the
+        batch (a timed stateful stage's clock, services.worker.timers)."""
         for window in self.windows:
             window.event = event
+            if isinstance(window, TimerStep):
+                window.batch_time, window.batch_id = batch_time, batch_id
         dead_list: list[DeadLetter] = []
         dead = _DeadLetters(batch_id, dead_list)
         for step in self._steps:

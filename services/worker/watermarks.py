@@ -10,10 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gridstream.eventtime import EVENT_TIME_KINDS, event_time, window_config
+from gridstream.eventtime import event_time
 from gridstream.ids import task_channel
 from gridstream.jobspec import JobSpec, Stage
 from gridstream.taskplan import plan_graph
+from gridstream.timers import event_config, has_event_time
 from services.worker.operators import DeadLetter
 from services.worker.peers import OutSegment, PeerRouter
 from services.worker.shuffle import Shuffle
@@ -40,7 +41,7 @@ def time_plan(job: JobSpec) -> TimePlan:
     """The :class:`TimePlan` of a (validated) job."""
     plan = plan_graph(job)
     starts = {t.index for t in plan.tasks
-              if t.stages and t.stages[0].kind in EVENT_TIME_KINDS}
+              if t.stages and has_event_time(t.stages[0])}
     carries: set[int] = set()
     for task in plan.tasks:  # an edge always goes to a later task
         if task.index in starts or carries.intersection(task.inputs):
@@ -77,6 +78,13 @@ def batch_watermark(batch: Any) -> float | None:
     return None
 
 
+def batch_time(batch: Any) -> float:
+    """The processing time recorded with a batch (its client's send time,
+    passed on with every output; 0.0: none), as replicated with it: what a
+    timed stateful stage's clock reads (services.worker.timers)."""
+    return 0.0 if batch is None else float(batch.ingest_unix_s)
+
+
 class TimedShuffle(Shuffle):
     """A shuffle into a window stage: also numbers the sending partition's
     watermark on every segment (see the module docstring)."""
@@ -86,7 +94,9 @@ class TimedShuffle(Shuffle):
                  router: PeerRouter, batch_records: int) -> None:
         super().__init__(job_id, dest_task, stage.name, partitions, key_fn, channel, router,
                          batch_records)
-        self.config = window_config(stage.params, stage.name)
+        config = event_config(stage)
+        assert config is not None
+        self.config = config
         self.timestamp = timestamp
         self.max_time: float | None = None
         self.sent: dict[int, float] = {}
