@@ -65,7 +65,7 @@ from services.worker.snapshots import (
 from services.worker.standby import Standby, StandbyShipper
 from services.worker.taskprogress import task_progress
 from services.worker.tracking import TaskTracking
-from services.worker.watermarks import batch_watermark, event_inputs
+from services.worker.watermarks import batch_time, batch_watermark, event_inputs
 
 if TYPE_CHECKING:
     from services.worker.trackers import TrackingReporter
@@ -327,7 +327,8 @@ class TaskRunner:
         try:
             event = None if self.event_inputs is None else (
                 entry.channel, batch_watermark(entry.batch), self.event_inputs)
-            result = self.chain.process(entry.keys, entry.values, batch_id, event)
+            result = self.chain.process(entry.keys, entry.values, batch_id, event,
+                                        batch_time(entry.batch))  # recorded: replays see it
             segments: list[OutSegment] = []
             if result.values or event is not None:  # a watermark may go on alone
                 segments = self.outbound.split(result.keys, result.values, batch_id,
