@@ -168,7 +168,7 @@ def plot(f: dict[str, Any], path: Path) -> None:
     bars(right, ["close p50", "close p99", "event p50", "event p99"],
          [f["close_p50"], f["close_p99"], f["event_p50"], f["event_p99"]],
          ["C2", "C3", "C2", "C3"], fmt=lambda v: f"{v:.0f} ms")
-    right.set_title(f"latency to the window's result at {f['rate']:,.0f}/s (1 s windows)")
+    right.set_title(f"to the window's result at {f['rate']:,.0f}/s, 1 s windows")
     right.set_ylabel("ms")
     fig.suptitle("Windowed aggregation, 3 workers + 2 state servers on 2 cores (median)")
     fig.tight_layout()
