@@ -93,7 +93,8 @@ def test_every_document_has_its_examples_marked() -> None:
              for doc in ("README.md", "docs/jobs.md", "docs/dataflow.md")}
     assert kinds["README.md"] == ["script"]
     assert kinds["docs/jobs.md"].count("script") >= 1
-    assert kinds["docs/dataflow.md"] == ["file", "file", "script", "file", "pytest"]
+    assert kinds["docs/dataflow.md"] == ["file", "file", "script", "file", "pytest", "file",
+                                         "script"]
 
 
 async def test_the_readme_example_gives_the_taxi_reference(cluster: LocalCluster,
@@ -109,4 +110,6 @@ async def test_the_jobs_guide_examples_run(tmp_path: Path) -> None:
 
 async def test_the_dataflow_guide_examples_run(tmp_path: Path) -> None:
     outputs = await run_document("docs/dataflow.md", tmp_path)
-    assert outputs == ["{'ann': 12} {'ann': 1, 'bob': 1}\n"]
+    assert outputs == ["{'ann': 12} {'ann': 1, 'bob': 1}\n",
+                       "[{'user': 'ann', 'bought_at': 20}, "
+                       "{'user': 'bob', 'abandoned_at': 40, 'seen': 1003.0}]\n"]  # timers

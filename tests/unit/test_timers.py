@@ -6,7 +6,6 @@ fires the same processing-time timers; the TOML form is checked."""
 
 from __future__ import annotations
 
-import json
 import tomllib
 from typing import Any
 
@@ -205,8 +204,13 @@ def test_trips_come_out_in_event_time_order_whatever_order_they_arrive_in() -> N
              .with_timestamps(trips.event_time, max_delay=trips.JITTER_S))
     trips_timers.add_in_order(timed)
     result = run_local(f, TestSource(values + closing_values, keys=keys + closing_keys))
-    verdict = trips_timers.check(result.results("ordered"), [json.loads(v) for v in values])
-    assert verdict.ok and verdict.keys == 50, verdict
+    verdict, differ = trips_timers.check(result.results("ordered"), values)
+    assert verdict.ok and verdict.keys == 50 and not differ, (verdict, differ)
+    assert not trips_timers.problems(result.results("ordered"), values)
+    wrong = {d: [*s[:5], s[5] + 1] if d == "1000" else s
+             for d, s in result.results("ordered").items()}
+    assert trips_timers.problems(wrong, values) == [
+        "1 devices' released trips differ, e.g. ['1000']"]
 
 
 TIMED_TOML = """
