@@ -556,12 +556,11 @@ async def run_trips(steps: list[Step], run_dir: Path, records: int = 20_000,
                     seed: int = 0, drain_timeout_s: float = 180.0,
                     partitions: int = 8) -> TripsRun:
     """The trips job (:mod:`gridstream.examples.trips`) on a fresh supervised
-    local cluster through the scenario: every window fired once (no row twice
-    in the append sink) with the in-process reference's value, every trip
-    joined once with its driver as of its time, each device's changes (a
-    windowed join after the windows) as the reference's, in order (the
-    history checker), and no trip late."""
-    from gridstream.examples import trips
+    local cluster through the scenario: every window fired once with the
+    reference's value, every trip joined once with its driver as of its time,
+    each device's changes (a windowed join) and its trips in event-time order
+    (timers) as the reference's, in order (history checker), no trip late."""
+    from gridstream.examples import trips, trips_timers
 
     rng = random.Random(seed)
     keys, values = trips.generate(records, seed=seed)
@@ -583,6 +582,7 @@ async def run_trips(steps: list[Step], run_dir: Path, records: int = 20_000,
         late = {**await client.results(job_id, sink="late"),
                 **await client.results(job_id, sink="late_driven")}
         run.changes = trips.check_changes(await client.results(job_id, sink="changes"), values)
+        run.problems += trips_timers.problems(await client.results(job_id, sink="ordered"), values)
     run.windows = len(rows)
     if joined != trips.reference_driven(values):
         run.problems.append(f"{len(joined)} joined trips, not the reference's "

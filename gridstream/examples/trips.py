@@ -3,7 +3,9 @@ metres) in 5-minute tumbling windows, with late trips to a side output, and
 every trip joined with the device table (its driver as of the trip's time,
 from a changelog of device records), and every window's summary joined with
 the device records of the same device and window (a windowed join after a
-window: the watermark carried on past the first) (docs/eventtime.md).
+window: the watermark carried on past the first), and each device's trips in
+event-time order by event-time timers (:mod:`gridstream.examples.trips_timers`)
+(docs/eventtime.md).
 
 Every trip event carries the second it ended (``t``); events reach the
 cluster out of order by up to ``JITTER_S`` seconds, so the windows' watermark
@@ -20,6 +22,7 @@ import random
 from typing import Any
 
 from gridstream.dataflow import Dataflow
+from gridstream.examples import trips_timers
 from gridstream.ids import partition_for_key
 
 WINDOW_S = 300
@@ -126,6 +129,7 @@ def flow(partitions: int = 4, lateness: float = 0) -> Dataflow:
                                   right_key=device_of, tumbling=WINDOW_S, how="left",
                                   fn=with_change)
     changes.reduce("per_device", add_change, key=change_device, initial=[]).sink("changes")
+    trips_timers.add_in_order(trips)  # event-time timers: each device's trips in time order
     return job
 
 

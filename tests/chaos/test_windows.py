@@ -8,7 +8,10 @@ no trip may come out late (the watermarks a replay recomputes are the ones
 of the first run). The windowed join after the windows (each window's
 summary with the device records of its window, the watermark carried on past
 the window stage) must give every device's changes as the fault-free
-reference, each once and in order, by the history checker.
+reference, each once and in order, by the history checker; so must every
+device's trips in event-time order, released by event-time timers of a
+stateful stage (timers are keyed state: a restored task neither fires one
+again nor skips one).
 """
 
 from __future__ import annotations
