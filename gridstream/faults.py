@@ -8,8 +8,8 @@ exist yet (and creates it), so the restarted process runs on. Points:
 
 - ``window_persist``: a window snapshot has been sent to the state server and
   its acknowledgement has not arrived (half-written as far as the worker knows).
-- ``after_emit``: a batch's output was acknowledged downstream, LatestSnapshot
-  is not yet os=true.
+- ``after_emit``: a delivery of processed batches' output was acknowledged
+  downstream, and the window covering them is not yet written.
 
 ``GRIDSTREAM_FAULT_WRITE_DELAY_S=<seconds>`` makes a state server wait that
 long before every write (a slow disk or an overloaded replica).

@@ -43,6 +43,7 @@ from gridstream.metrics import Histogram
 from gridstream.retry import Backoff
 from gridstream.taskplan import sink_row_prefix
 from gridstream.v1 import common_pb2
+from services.worker.delivery import DeliveryPipeline
 from services.worker.edges import Outbound
 from services.worker.filesinks import writer_of
 from services.worker.operators import (
@@ -150,7 +151,7 @@ class TaskRunner:
         self.records_processed = 0
         self.records_out = 0
         self.dead_letters = 0
-        self.outbound_pending = 0
+        self.delivery = DeliveryPipeline(self.outbound, node_id)  # output on its way
         self.recovered_batches = 0
         """Batches after the snapshot's offset processed again on recovery."""
         self.recovered_records = 0
@@ -202,6 +203,7 @@ class TaskRunner:
             if self.tracking is not None:
                 group.create_task(self._report_loop(), name=f"track {self.operator_id}")
                 group.create_task(self._flush_timer(), name=f"window timer {self.operator_id}")
+            group.create_task(self.delivery.run(), name=f"deliver {self.operator_id}")
             group.create_task(self._loop(), name=f"operate {self.operator_id}")
 
     # -- input ---------------------------------------------------------------
@@ -263,6 +265,7 @@ class TaskRunner:
 
     async def _loop(self) -> None:
         container = self.container
+        self.delivery.reset(self.latest.offset)
         while True:
             offset = self.latest.offset
             entry = await container.take(offset, lambda: self._close_requested)
@@ -283,11 +286,9 @@ class TaskRunner:
                 for segment in segments:
                     segment.root = entry.root
                     segment.encode().ingest_unix_s = ingest  # encoded by split already
-                self.outbound_pending = len(segments)
-                await self.outbound.deliver(segments)
-                crash_point(self.node_id, "after_emit")
-                self.outbound_pending = 0
                 self.records_out += sum(len(s.values) for s in segments)
+            # On its way while the next batch runs (services/worker/delivery.py).
+            await self.delivery.submit(offset + 1, segments)
             if self.tracking is not None:
                 self.tracking.processed(offset, self.tuple_id_of(entry), [
                     tuple_id(seg.task, seg.partition, seg.channel, seg.sequence)
@@ -443,6 +444,9 @@ class TaskRunner:
 
     async def _write_snapshot(self, snapshot: PendingSnapshot,
                               chunks: list[tuple[bytes, int]]) -> None:
+        # A window is durable only with every batch it covers delivered: a
+        # replay from it must not skip output that never left this worker.
+        await self.delivery.wait_delivered(snapshot.offset)
         if self.files is not None:  # the files the snapshot names exist first
             await self.files.prepare()
         write = asyncio.ensure_future(self.state_client.put_state(
@@ -586,6 +590,11 @@ class TaskRunner:
     def progress(self, node_id: str) -> common_pb2.TaskProgress:
         """Counters for the scheduler's drain check and for status displays."""
         return task_progress(self, node_id)
+
+    @property
+    def outbound_pending(self) -> int:
+        """Output segments processed and not yet acknowledged downstream."""
+        return self.delivery.pending_segments
 
     def epoch_now(self) -> int:
         """The worker's current routing epoch."""
