@@ -167,6 +167,26 @@ class RoutingView:
             gone.add(successor)
         return holders
 
+    def standby_holders(self, job_id: str, partition: int, count: int) -> list[str]:
+        """The workers keeping a warm standby of a partition's state: its
+        :meth:`backups` (the next owners if the owner dies), then every
+        worker the scheduler's assignment would move the partition to when
+        some *other* worker dies (bounded load moves a few partitions between
+        survivors), so such a move adopts a standby too instead of reading
+        the whole state. Logs stay with the backups only."""
+        holders = self.backups(job_id, partition, count)
+        owner = self.owner(job_id, partition)
+        if owner is None or count <= 0:
+            return holders
+        partitions = len(self.owners.get(job_id) or [])
+        for dead in self.workers:
+            if dead == owner:
+                continue
+            mover = self._successor(job_id, partitions, partition, frozenset({dead}))
+            if mover is not None and mover != owner and mover not in holders:
+                holders.append(mover)
+        return holders
+
     def _successor(self, job_id: str, partitions: int, partition: int,
                    gone: frozenset[str]) -> str | None:
         """The owner of ``partition`` in the assignment without the ``gone``

@@ -168,8 +168,8 @@ class StandbyStore:
         """Takeovers that adopted a standby."""
 
     def _holds(self, job_id: str, partition: int) -> bool:
-        """Whether this worker is one of the partition's backup holders now."""
-        return self.node_id in self.routing.backups(job_id, partition, self.backup_count)
+        """Whether this worker keeps a standby of the partition now."""
+        return self.node_id in self.routing.standby_holders(job_id, partition, self.backup_count)
 
     def _make_chain(self, job_id: str, task: int) -> OperatorChain | None:
         tasks = self._job_tasks(job_id)
@@ -183,9 +183,11 @@ class StandbyStore:
         durable windows to their standbys."""
         runner.take_standby = self.take
         if runner.replicator is not None and runner.chain.states:
-            runner.standby = StandbyShipper(runner.key, self.node_id, self.routing,
-                                            self.channels, runner.replicator.holders,
-                                            lambda: runner.epoch)
+            job_id, _, partition = runner.key
+            runner.standby = StandbyShipper(
+                runner.key, self.node_id, self.routing, self.channels,
+                lambda: self.routing.standby_holders(job_id, partition, self.backup_count),
+                lambda: runner.epoch)
 
     def prune(self) -> None:
         """Drops the standbys of containers this worker neither holds nor owns

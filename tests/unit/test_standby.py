@@ -66,6 +66,27 @@ def test_the_first_backup_holder_is_the_owner_after_the_owner_dies(count: int,
                 assert after[partition] == holders[0], (dead, partition)
 
 
+@pytest.mark.parametrize(("count", "partitions"), [(3, 12), (4, 24), (5, 12), (6, 40), (7, 64)])
+def test_whoever_takes_a_partition_after_any_single_death_keeps_its_standby(
+        count: int, partitions: int) -> None:
+    # A death moves the dead worker's partitions and, bounded load, a few
+    # partitions between survivors: each new owner keeps a warm standby.
+    workers = [f"worker-{i}" for i in range(count)]
+    routing = view(workers, partitions)
+    moved_between_survivors = 0
+    for dead in workers:
+        after = assign_partitions(HashRing([w for w in workers if w != dead], VIRTUAL_NODES),
+                                  JOB, partitions)
+        for partition, owner in enumerate(routing.owners[JOB]):
+            holders = routing.standby_holders(JOB, partition, 1)
+            assert owner not in holders
+            assert holders[0] == routing.backups(JOB, partition, 1)[0]  # the log holder first
+            if after[partition] != owner:
+                assert after[partition] in holders, (dead, partition)
+                moved_between_survivors += owner != dead
+    assert moved_between_survivors > 0  # the case this covers happens
+
+
 def packed(entries: dict[str, int | None]) -> bytes:
     """A shipped chunk: [stage, key, value] or [stage, key], key and value packed apart."""
     pack = msgpack.Packer(use_bin_type=True).pack
