@@ -22,7 +22,7 @@ def task_progress(runner: TaskRunner, node_id: str) -> common_pb2.TaskProgress:
         records_out=runner.records_out,
         queue_batches=runner.container.pending_batches + (0 if runner.ready.is_set() else 1),
         queue_records=runner.container.pending_records,
-        outbound_pending=runner.outbound_pending,
+        outbound_pending=runner.delivery.pending_segments,
         windows_persisted=runner.persister.windows_persisted,
         persist_pending=runner.persister.pending + len(runner._rows) + len(runner._dead),
         dead_letters=runner.dead_letters,

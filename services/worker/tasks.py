@@ -591,11 +591,6 @@ class TaskRunner:
         """Counters for the scheduler's drain check and for status displays."""
         return task_progress(self, node_id)
 
-    @property
-    def outbound_pending(self) -> int:
-        """Output segments processed and not yet acknowledged downstream."""
-        return self.delivery.pending_segments
-
     def epoch_now(self) -> int:
         """The worker's current routing epoch."""
         return self.state_client.routing.epoch
