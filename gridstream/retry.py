@@ -72,8 +72,12 @@ class Backoff:
         if wake is None:
             await asyncio.sleep(delay)
         else:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a
+            # cancellation that lands as the wake is set, and the retrying
+            # task would go on after its owner cancelled it.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await wake.wait()
         self.delay_s = min(self.delay_s * 2, self.max_s)
 
 

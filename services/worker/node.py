@@ -49,6 +49,29 @@ CHUNK_ENTRIES = 256
 
 log = logging.getLogger(__name__)
 
+STOP_GRACE_S = 2.0
+"""How long a cancelled task may take to end before it is cancelled again."""
+
+
+async def stop_handle(handle: asyncio.Task[Any], what: str) -> None:
+    """Cancels a task and returns once it has ended. A cancellation can be
+    lost (Python 3.11's ``wait_for`` swallows one that lands as what it waits
+    for completes), which would leave the task running and its stopper, and
+    every sync behind it, waiting forever; so the cancel is repeated until
+    the task ends, with a warning when it had to be."""
+    waited = 0.0
+    while not handle.done():
+        handle.cancel()
+        await asyncio.wait({handle}, timeout=STOP_GRACE_S)
+        waited += STOP_GRACE_S
+        if not handle.done():
+            log.warning("%s still runs %.0fs after it was cancelled; cancelling it again",
+                        what, waited)
+    if not handle.cancelled():
+        error = handle.exception()  # what awaiting it would have raised
+        if error is not None:
+            raise error
+
 
 def _entries_of(chunk: worker_pb2.ContainerChunk) -> list[Entry]:
     """The container entries of one chunk of a log copy."""
@@ -132,9 +155,8 @@ class WorkerNode:
             return
         for handle in runtime.handles.values():
             handle.cancel()
-        for handle in runtime.handles.values():
-            with contextlib.suppress(asyncio.CancelledError):
-                await handle
+        for (task, partition), handle in runtime.handles.items():
+            await stop_handle(handle, f"task {job_id}/t{task}/p{partition}")
         log.info("stopped job %s", job_id)
 
     def _start_task(self, runtime: JobRuntime, task: int, partition: int) -> TaskRunner:
@@ -283,9 +305,7 @@ class WorkerNode:
         runner = runtime.runners.pop(key, None)
         handle = runtime.handles.pop(key, None)
         if handle is not None:
-            handle.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await handle
+            await stop_handle(handle, f"task {runtime.job_id}/t{key[0]}/p{key[1]}")
         if runner is not None:
             await runner.container.close()
             if runner.ready.is_set():

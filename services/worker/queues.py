@@ -220,15 +220,13 @@ class JobContainer:
             if self._unconsumed_records > 0 and (
                 self._unconsumed_records + len(values) > self.max_records
             ):
-                await asyncio.wait_for(
-                    self._changed.wait_for(
+                async with asyncio.timeout(timeout_s):  # never loses a cancel, unlike wait_for
+                    await self._changed.wait_for(
                         lambda: self._closed
                         or self._unconsumed_records == 0
                         or self._unconsumed_records + len(values) <= self.max_records
                         or self.is_duplicate(channel, sequence)
-                    ),
-                    timeout_s,
-                )
+                    )
                 self._check_open()
                 if self.is_duplicate(channel, sequence):
                     return False, self._last_offset.get(channel, -1)
@@ -258,10 +256,8 @@ class JobContainer:
     async def wait_committed(self, offset: int, timeout_s: float | None = None) -> None:
         """Waits until the entry at ``offset`` is committed."""
         async with self._changed:
-            await asyncio.wait_for(
-                self._changed.wait_for(lambda: self._closed or offset < self._committed),
-                timeout_s,
-            )
+            async with asyncio.timeout(timeout_s):  # never loses a cancel, unlike wait_for
+                await self._changed.wait_for(lambda: self._closed or offset < self._committed)
             if offset >= self._committed:
                 self._check_open()
 

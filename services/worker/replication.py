@@ -214,7 +214,8 @@ class Replicator:
                 self.shortfall = (f"only {len(holders)} of backup_count={self.backup_count} "
                                   "backup holders are live")
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), 0.5)
+                    async with asyncio.timeout(0.5):
+                        await self._wake.wait()
                 self._wake.set()
                 with contextlib.suppress(Exception):
                     await self.routing.refresh()

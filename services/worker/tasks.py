@@ -233,7 +233,8 @@ class TaskRunner:
         round trip per container instead of one after another. ``root`` is
         the tracked root the batch descends from; 0 makes a client's batch
         its own root. ``previous_sequence`` lets the container name a gap."""
-        await asyncio.wait_for(self.ready.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):  # never loses a cancel, unlike wait_for
+            await self.ready.wait()
         if not root and self.tracking is not None:
             root = tuple_id(self.task_index, self.partition, channel, sequence)
         losses_before = len(self.container.losses)
