@@ -14,7 +14,10 @@ configuration is ``params["window"]``:
 - ``lateness``: allowed lateness: a window fires once, when the stage's
   watermark reaches its end plus ``lateness``;
 - ``idle_timeout`` (optional): an input partition whose watermark is more than
-  this behind the most advanced one does not hold the stage's time back.
+  this behind the most advanced one does not hold the stage's time back;
+- ``process`` (optional, a ``window`` stage's): true makes the function a
+  process function, ``fn(key, start, end, records)`` over all the window's
+  records when it fires, instead of a fold from ``initial``.
 
 Everything is derived from the records, never from a clock, so a replay
 computes the same watermarks and fires the same windows.
@@ -60,6 +63,12 @@ class WindowConfig:
     """How far a sender's watermark advances before it tells the partitions
     it sent no records to (an empty batch carrying it); 0: the window's size,
     slide or gap."""
+    process: bool = False
+    """True: the stage keeps each window's records and calls
+    ``fn(key, start, end, records)`` once when it fires (a process function,
+    for what a fold cannot do: medians, sorting, looking at neighbours);
+    False (the default): it folds ``acc = fn(acc, record)`` from ``initial``,
+    which keeps one accumulator instead of every record."""
 
     @property
     def tick(self) -> float:
@@ -114,7 +123,7 @@ def window_config(params: Mapping[str, Any], where: str, stage_kind: str = "") -
         raise InvalidArgument(f"{where}: a window stage needs params.window, e.g. "
                               "{type = \"tumbling\", size = 60, timestamp = \"pkg.mod:fn\"}")
     known = {"type", "size", "slide", "gap", "lateness", "timestamp", "max_delay",
-             "idle_timeout", "every", "how"}
+             "idle_timeout", "every", "how", "process"}
     unknown = set(raw) - known
     if unknown:
         raise InvalidArgument(f"{where}: unknown window settings {sorted(unknown)}; "
@@ -145,11 +154,25 @@ def window_config(params: Mapping[str, Any], where: str, stage_kind: str = "") -
         slide = _number(raw, "slide", where, size) if kind == "sliding" else size
         if slide > size:
             raise InvalidArgument(f"{where}: window slide {slide} is larger than size {size}")
+    process = _process(raw, where, kind, how, stage_kind)
     idle = raw.get("idle_timeout")
     return WindowConfig(kind, size, slide, gap, _number(raw, "lateness", where, 0, False),
                         timestamp, _number(raw, "max_delay", where, 0, False),
                         None if idle is None else _number(raw, "idle_timeout", where),
-                        str(how), every)
+                        str(how), every, process)
+
+
+def _process(raw: Mapping[str, Any], where: str, kind: Any, how: Any, stage_kind: str) -> bool:
+    """``process``, checked: a boolean, and only on a ``window`` stage."""
+    process = raw.get("process", False)
+    if not isinstance(process, bool):
+        raise InvalidArgument(f"{where}: window process must be true or false (true: the "
+                              "function is fn(key, start, end, records), called once with "
+                              f"the window's records when it fires), got {process!r}")
+    if process and (stage_kind == "join" or kind in JOIN_TYPES or how):
+        raise InvalidArgument(f"{where}: process = true is for a window stage (kind = "
+                              "\"window\"); remove it from the join's params.window")
+    return process
 
 
 def kind_is_window(kind: Any) -> bool:

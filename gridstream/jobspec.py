@@ -375,7 +375,7 @@ def check_stage(stage: Stage, where: str) -> None:
     else:
         _require(not stage.key, f"{where}: only reduce and stateful stages take a key")
     check_event_time(stage, where)  # a window's or join's params.window, a stateful's timers
-    _require(stage.kind not in ("reduce", "window") or stage.initial is not None,
+    _require(stage.kind != "reduce" or stage.initial is not None,
              f"{where}: a reduce needs an initial accumulator, the value its function "
              "receives for a key's first record: add initial = 0 (to count or sum), "
              "initial = \"\" (to concatenate) or initial = [] (to collect)")

@@ -164,7 +164,17 @@ def check_event_time(stage: Stage, where: str) -> None:
     are wrong (a window's and join's ``params.window``, a stateful stage's
     ``params.timers``)."""
     if stage.kind in EVENT_TIME_KINDS:
-        window_config(stage.params, where, stage.kind)
+        process = window_config(stage.params, where, stage.kind).process
+        if stage.kind == "window" and process and stage.initial is not None:
+            raise InvalidArgument(f"{where}: a process window (params.window.process = true) "
+                                  "takes no initial: its function gets the window's records; "
+                                  "remove initial")
+        if stage.kind == "window" and not process and stage.initial is None:
+            raise InvalidArgument(f"{where}: a window needs an initial accumulator, the value "
+                                  "its function folds each window's first record into (add "
+                                  "initial = 0 to count or sum, [] to collect), or "
+                                  "params.window.process = true for fn(key, start, end, "
+                                  "records)")
     elif stage.kind == "stateful":
         timer_config(stage.params, where)
 

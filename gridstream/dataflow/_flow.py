@@ -108,6 +108,9 @@ class Dataflow:
             positional = POSITIONAL.get(kind, 1)
             if kind == "stateful" and TIMERS in params:  # fn(state, value, ctx, **params)
                 given, positional = user_params(params), 3
+            window = params.get("window")
+            if kind == "window" and isinstance(window, Mapping) and window.get("process"):
+                positional = 4  # fn(key, start, end, records, **params)
             check_call(fn, positional, given, f"{where}, function")
         key_path = ""
         if key is not None:

@@ -15,6 +15,9 @@ operator       function                                    output
 ``reduce``     ``fn(acc, value, **params) -> acc``         the new acc, per record
 ``stateful``   ``fn(state, value, **params) ->             each output, with the
                (state, outputs)``; None state deletes      key
+``window``     ``fn(acc, value, **params) -> acc``         each window, once
+``window_      ``fn(key, start, end, records, **params)``  each window, once
+process``      over the window's records
 =============  ==========================================  ======================
 
 A ``stateful`` given ``on_timer`` (or ``context=True``) calls
@@ -203,6 +206,27 @@ class KeyedStream:
         config = window_params(self.flow, name, self.timing, tumbling, sliding, session,
                                lateness)
         stage, fired = add_window(self.flow, name, self.inputs, fn, self.key, initial,
+                                  params, config)
+        timing = Timing(WINDOW_START_FN, 0, config.get("idle_timeout"))
+        return WindowedStream(self.flow, (fired,), stage, timing)
+
+    def window_process(self, name: str, fn: FunctionLike, *, tumbling: float | None = None,
+                       sliding: tuple[float, float] | None = None,
+                       session: float | None = None, lateness: float = 0,
+                       params: Params = None) -> WindowedStream:
+        """Per key and event-time window, a process function: the stage keeps
+        the window's records and, when the window fires (as :meth:`window`'s
+        do), calls ``fn(key, start, end, records, **params)`` once, the
+        records in event-time order (equal times by their encoding, so the
+        order never depends on arrival); the result is the fired window's
+        ``value``. For what a fold cannot do (medians, percentiles, sorting,
+        looking at neighbours), at the price of holding every record of an
+        open window in the state. A function that raises sends the window
+        to the dead letters. Late records are :meth:`WindowedStream.late`."""
+        config = window_params(self.flow, name, self.timing, tumbling, sliding, session,
+                               lateness)
+        config["process"] = True
+        stage, fired = add_window(self.flow, name, self.inputs, fn, self.key, None,
                                   params, config)
         timing = Timing(WINDOW_START_FN, 0, config.get("idle_timeout"))
         return WindowedStream(self.flow, (fired,), stage, timing)

@@ -29,21 +29,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from gridstream.codec import pack
 from gridstream.eventtime import JOINED, LATE, event_time, window_config
 from gridstream.jobspec import Stage
-from services.worker.windows import Clock, Event, _order
+from services.worker.windows import Clock, Event, _order, _rank
 
 SIDES = ("left", "right")
-
-
-def _rank(item: list[Any]) -> tuple[Any, bytes]:
-    """A record's place in its window: (time, its encoding), so the order does
-    not depend on arrival; records that encode the same are the same record."""
-    try:
-        return item[0], pack(item[1])
-    except Exception:  # not msgpack data (only in-process tests send such)
-        return item[0], repr(item[1]).encode()
 
 
 class WindowJoinStep:

@@ -21,6 +21,14 @@ windows have all fired is late and goes to the stage's output tagged as such
 watermarks are keyed state of the stage (the watermarks under the stage's
 name plus ``@wm``), so they are in every window snapshot: a task restored
 from one neither fires a window again nor skips one.
+
+A window folds ``acc = fn(acc, record)`` as records come, or, with
+``process = true``, keeps the window's records (``[time, record]`` pairs, as
+a session does) and calls ``fn(key, start, end, records)`` once when it
+fires, the records in the order (time, encoding) — whatever order they came
+in. A function that raises sends the window to the dead letters, not the
+task down. A captured snapshot shares the state's lists, so a batch copies a
+key's panes before its first change to them and changes only its copies.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from gridstream.codec import pack
 from gridstream.eventtime import FIRED, LATE, WindowConfig, event_time, window_config
 from gridstream.jobspec import Stage
 
@@ -42,6 +51,15 @@ TASK = "@task"
 
 def _order(key: Any) -> tuple[str, Any]:
     return type(key).__name__, key
+
+
+def _rank(item: list[Any]) -> tuple[Any, bytes]:
+    """A record's place in its window: (time, its encoding), so the order does
+    not depend on arrival; records that encode the same are the same record."""
+    try:
+        return item[0], pack(item[1])
+    except Exception:  # not msgpack data (only in-process tests send such)
+        return item[0], repr(item[1]).encode()
 
 
 class Clock:
@@ -85,7 +103,7 @@ class Clock:
 class WindowStep:
     """The ``window`` stage of one partition (see the module docstring)."""
 
-    def __init__(self, stage: Stage, fn: Callable[[Any, Any], Any],
+    def __init__(self, stage: Stage, fn: Callable[..., Any],
                  timestamp: Callable[[Any], Any], fresh: Callable[[], Any],
                  state: dict[Any, Any], touched: set[Any], marks: dict[Any, Any],
                  marks_touched: set[Any]) -> None:
@@ -95,14 +113,15 @@ class WindowStep:
         self.timestamp = timestamp
         self.fresh = fresh
         self.state = state
-        """key -> [[start, end, acc], ...]; a session's acc is its [ts, value]s."""
+        """key -> [[start, end, acc], ...]; a session's acc, and a process
+        window's, is its [ts, value]s."""
         self.touched = touched
         self.clock = Clock(marks, marks_touched, self.config.idle_timeout)
         self.event: Event | None = None
         self._first_end = -math.inf
         """No window in the state ends before this (-inf: unknown, look)."""
         self._mine: set[Any] = set()
-        """Keys whose panes this batch copied already (see :meth:`_add`)."""
+        """Keys whose panes this batch copied already (see :meth:`_panes`)."""
 
     @property
     def output_watermark(self) -> float | None:
@@ -135,61 +154,90 @@ class WindowStep:
                 if cfg.type == "session":
                     late = ts + cfg.gap <= due
                     if not late:
-                        self._add_session(k, ts, v)
+                        self._add_session(k, ts, v, self._panes(k))
                 else:
                     windows = [w for w in cfg.windows(ts) if w[1] > due]
                     late = not windows
                     if not late:
-                        self._add(k, windows, v)
+                        self._add(k, windows, ts, v)
             except Exception as exc:
+                if self.state.get(k) == []:  # a first record the fold refused
+                    del self.state[k]
                 dead.add(self.stage.name, i, k, v, exc)
                 continue
             if late:
                 out_k.append(k)
                 out_v.append({"tag": LATE, "key": k, "time": ts, "record": v})
         if self.event is not None:
-            self._advance(self.event, out_k, out_v)
+            now = self.clock.advance(self.event)
+            if now is not None:
+                self._fire(now - cfg.lateness, len(values), out_k, out_v, dead)
         self._mine.clear()
         return out_k, out_v
 
-    def _add(self, key: Any, windows: list[tuple[float, float]], value: Any) -> None:
+    def _panes(self, key: Any) -> list[Any]:
+        """The key's panes, this batch's own: a captured snapshot may share
+        the state's lists, so the first change in a batch copies them (and a
+        session's or process window's record lists) once."""
         panes = self.state.get(key)
         if panes is None:
             panes = []
-        elif key not in self._mine:  # a captured snapshot may share them: copy once
-            panes = [list(p) for p in panes]
+        elif key not in self._mine:
+            items = self.config.process or self.config.type == "session"
+            panes = [[p[0], p[1], list(p[2])] if items else list(p) for p in panes]
         self._mine.add(key)
+        self.state[key] = panes
+        self.touched.add(key)
+        return panes
+
+    def _add(self, key: Any, windows: list[tuple[float, float]], ts: float,
+             value: Any) -> None:
+        if self.config.process:
+            for item in self._missing(key, windows):
+                item.append([ts, value])
+            return
+        fn = self.fn
+        panes = self._panes(key)
         for start, end in windows:
             for pane in panes:
                 if pane[0] == start and pane[1] == end:
-                    pane[2] = self.fn(pane[2], value)
+                    pane[2] = fn(pane[2], value)
                     break
             else:
-                panes.append([start, end, self.fn(self.fresh(), value)])
+                panes.append([start, end, fn(self.fresh(), value)])
                 self._first_end = min(self._first_end, end)
-        self.state[key] = panes
-        self.touched.add(key)
 
-    def _add_session(self, key: Any, ts: float, value: Any) -> None:
+    def _missing(self, key: Any, windows: list[tuple[float, float]]) -> list[list[Any]]:
+        """The record lists of the key's panes of ``windows``, opened where missing."""
+        panes = self._panes(key)
+        found = []
+        for start, end in windows:
+            for pane in panes:
+                if pane[0] == start and pane[1] == end:
+                    found.append(pane[2])
+                    break
+            else:
+                panes.append([start, end, []])
+                found.append(panes[-1][2])
+                self._first_end = min(self._first_end, end)
+        return found
+
+    def _add_session(self, key: Any, ts: float, value: Any, panes: list[Any]) -> None:
         start, end, items = ts, ts + self.config.gap, [[ts, value]]
         kept = []
-        for pane in self.state.get(key) or []:
+        for pane in panes:  # the batch's own copies: merged in place
             if pane[0] < end and start < pane[1]:  # overlapping sessions merge
                 start, end = min(start, pane[0]), max(end, pane[1])
-                items = list(pane[2]) + items
+                pane[2].extend(items)
+                items = pane[2]
             else:
                 kept.append(pane)
         kept.append([start, end, items])
         self._first_end = min(self._first_end, end)
-        self.state[key] = kept
-        self.touched.add(key)
+        panes[:] = kept
 
-    def _advance(self, event: Event, out_k: list[Any], out_v: list[Any]) -> None:
-        now = self.clock.advance(event)
-        if now is not None:
-            self._fire(now - self.config.lateness, out_k, out_v)
-
-    def _fire(self, due: float, out_k: list[Any], out_v: list[Any]) -> None:
+    def _fire(self, due: float, base: int, out_k: list[Any], out_v: list[Any],
+              dead: Any) -> None:
         if due < self._first_end:
             return  # nothing ends this early: no need to look
         fired: list[tuple[float, float, tuple[str, Any], Any, Any]] = []
@@ -204,14 +252,16 @@ class WindowStep:
         if not fired:
             return
         fired.sort(key=lambda f: (f[0], f[1], f[2]))
-        for end, start, _, key, acc in fired:
-            if self.config.type == "session":
-                value = self.fresh()
-                for _, item in sorted(acc, key=lambda pair: pair[0]):
-                    value = self.fn(value, item)
-                acc = value
+        for n, (end, start, _, key, acc) in enumerate(fired):
+            try:
+                value = self._result(key, start, end, acc)
+            except Exception as exc:  # the window to the dead letters; the task goes on
+                records = [item[1] for item in sorted(acc, key=_rank)]
+                dead.add(self.stage.name, base + n, key,
+                         {"start": start, "end": end, "records": records}, exc)
+                continue
             out_k.append(key)
-            out_v.append({"tag": FIRED, "key": key, "start": start, "end": end, "value": acc})
+            out_v.append({"tag": FIRED, "key": key, "start": start, "end": end, "value": value})
         for key in {f[3] for f in fired}:
             left = [p for p in self.state[key] if p[1] > due]
             if left:
@@ -220,3 +270,16 @@ class WindowStep:
                 del self.state[key]
             self.touched.add(key)
 
+
+    def _result(self, key: Any, start: float, end: float, acc: Any) -> Any:
+        """A fired window's value: the process function's over its records in
+        (time, encoding) order, a session's fold over them in that order, or
+        the fold's accumulator."""
+        if self.config.process:
+            return self.fn(key, start, end, [r for _, r in sorted(acc, key=_rank)])
+        if self.config.type == "session":
+            value = self.fresh()
+            for _, item in sorted(acc, key=_rank):
+                value = self.fn(value, item)
+            return value
+        return acc
