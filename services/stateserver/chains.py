@@ -116,6 +116,18 @@ async def _head(conn: aiosqlite.Connection, job_id: str, operator_id: str
     return (int(rows[0][0]), int(rows[0][1])) if rows else None
 
 
+async def _head_of(conn: aiosqlite.Connection, job_id: str, operator_id: str
+                   ) -> StateHead | None:
+    """An operator's :class:`StateHead` read on ``conn``; None without state."""
+    found = await _head(conn, job_id, operator_id)
+    if found is None:
+        return None
+    rows = list(await conn.execute_fetchall(
+        "SELECT COUNT(*) FROM state_deltas WHERE job_id = ? AND operator_id = ?",
+        (job_id, operator_id)))
+    return StateHead(base_window=found[0], head_window=found[1], deltas=int(rows[0][0]))
+
+
 class StateChains:
     """Keyed state of every operator of one :class:`SnapshotStore`, written
     through its group committer and fenced like its snapshots.
@@ -335,23 +347,20 @@ class StateChains:
         if claim_epoch:
             store._check_fence(job_id, operator_id, claim_epoch)
 
-            async def claim(conn: aiosqlite.Connection) -> None:
+            async def claim(conn: aiosqlite.Connection) -> StateHead | None:
                 store._check_fence(job_id, operator_id, claim_epoch)
                 await store._advance(conn, job_id, operator_id, claim_epoch, 0)
+                # The head is read in the claim's own transaction: the shared
+                # reader may be queued behind long reads (a replica's catch-up).
+                return await _head_of(conn, job_id, operator_id)
 
             began = time.monotonic()
-            await store._commit().submit(claim, urgent=True)
+            head: StateHead | None = await store._commit().submit(claim, urgent=True)
             took = time.monotonic() - began
             if took >= SLOW_CLAIM_S:
                 log.info("claiming %s for epoch %d took %.3fs", operator_id, claim_epoch, took)
-        reader = store._read()
-        found = await _head(reader, job_id, operator_id)
-        if found is None:
-            return None
-        rows = list(await reader.execute_fetchall(
-            "SELECT COUNT(*) FROM state_deltas WHERE job_id = ? AND operator_id = ?",
-            (job_id, operator_id)))
-        return StateHead(base_window=found[0], head_window=found[1], deltas=int(rows[0][0]))
+            return head
+        return await _head_of(store._read(), job_id, operator_id)
 
     async def read(
         self, job_id: str, operator_id: str, after: int | None = None, packed: bool = False,

@@ -427,10 +427,10 @@ class TaskRunner:
         self._flush(PendingSnapshot(number, offset, header, changes, parent))
 
     async def _write_rows(self, rows: dict[Any, Any], dead: list[DeadLetter]) -> None:
-        # Only the rows changed since the last flush (merged by key), encoded a
-        # chunk at a time so a big flush does not hold the event loop.
+        # Changed rows only, a chunk per write: encoding never holds the loop
+        # long, and a claim on a state server waits for one chunk at most.
         items = list(rows.items())
-        chunk = 5_000
+        chunk = 2_000
         for start in range(0, max(len(items), 1), chunk):
             part = [[self.row_prefix + _row_key(k), row_json(v)]
                     for k, v in items[start:start + chunk]]
