@@ -85,10 +85,17 @@ def tuple_id(task: int, partition: int, channel: str, sequence: int) -> int:
     """The 64-bit tracking id of one batch in one container: the tuple of the
     XOR tracker, a well-mixed hash of :func:`batch_identity`. Stable across
     replays (a replayed batch has the same container, channel and sequence)
-    and never zero."""
+    and never zero nor :data:`UNTRACKED_ROOT`."""
     digest = hashlib.blake2b(batch_identity(task, partition, channel, sequence).encode(),
                              digest_size=8).digest()
-    return int.from_bytes(digest, "big") or 1
+    value = int.from_bytes(digest, "big")
+    return value if 0 < value < UNTRACKED_ROOT else 1
+
+
+UNTRACKED_ROOT = 2**64 - 1
+"""The root of batches outside tuple tracking: a task's processing-time ticks
+and every batch descending from one (services.worker.ticks). No batch id is
+ever this value."""
 
 
 # -- version spaces ----------------------------------------------------------

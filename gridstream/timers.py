@@ -41,7 +41,9 @@ TIMERS = "timers"
 EVENT = "event"
 """A timer of event time: fires when the stage's watermark reaches it."""
 PROCESSING = "processing"
-"""A timer of processing time: fires with the first batch whose recorded time reaches it."""
+"""A timer of processing time: fires with the first batch whose recorded time
+reaches it; a partition that receives nothing appends a tick (an empty batch
+with the wall-clock time recorded) once one is due (services.worker.ticks)."""
 _KNOWN = frozenset({"on_timer", "timestamp", "max_delay", "idle_timeout", "every"})
 
 
@@ -82,7 +84,9 @@ class Context(Protocol):
 
     def set_processing_timer(self, time: float) -> None:
         """Fires ``on_timer`` for this key with the first batch of its
-        partition whose processing time (:meth:`now`) reaches ``time``."""
+        partition whose processing time (:meth:`now`) reaches ``time``; on a
+        partition that receives nothing, with a tick its task appends soon
+        after the wall clock reaches ``time`` (docs/dataflow.md, "Timers")."""
 
     def delete_processing_timer(self, time: float) -> None:
         """Forgets this key's processing-time timer at ``time``, if set."""

@@ -246,7 +246,8 @@ class KeyedStream:
         **params)`` may call ``ctx.set_timer(t)`` (event time: fires when the
         watermark reaches ``t``; the stream needs ``with_timestamps``) or
         ``ctx.set_processing_timer(t)`` (fires with the first batch whose
-        recorded time ``ctx.now()`` reaches ``t``), and each timer fires once
+        recorded time ``ctx.now()`` reaches ``t``, or on an idle partition
+        with a tick soon after the wall clock does), and each timer fires once
         as ``on_timer(state, timer, ctx, **params) -> (state, outputs)``, by
         (time, key); timers are keyed state, and every time ``ctx`` hands
         out is recorded with the input, so a replay fires them the same way

@@ -65,6 +65,7 @@ from services.worker.snapshots import (
 )
 from services.worker.standby import Standby, StandbyShipper
 from services.worker.taskprogress import task_progress
+from services.worker.ticks import ticker_of
 from services.worker.tracking import TaskTracking
 from services.worker.watermarks import batch_time, batch_watermark, event_inputs
 
@@ -204,6 +205,8 @@ class TaskRunner:
                 group.create_task(self._report_loop(), name=f"track {self.operator_id}")
                 group.create_task(self._flush_timer(), name=f"window timer {self.operator_id}")
             group.create_task(self.delivery.run(), name=f"deliver {self.operator_id}")
+            if (ticker := ticker_of(self)) is not None:  # processing time while idle
+                group.create_task(ticker.run(), name=f"tick {self.operator_id}")
             group.create_task(self._loop(), name=f"operate {self.operator_id}")
 
     # -- input ---------------------------------------------------------------

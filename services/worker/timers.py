@@ -159,6 +159,18 @@ class TimerStep:
         mark = self.clock.watermark
         return None if mark == -math.inf else mark
 
+    def next_processing_timer(self) -> float:
+        """The earliest pending processing-time timer (inf: none), or a time
+        at or before it (a deleted timer's, until the next firing looks
+        again). Scans the keys' timers only when not known (after a restore);
+        otherwise costs nothing (services.worker.ticks asks it every 100 ms)."""
+        if self.on_timer is None:
+            return math.inf
+        if self._first[1] == -math.inf:
+            self._first[1] = min((lists[1][0] for lists in self.timers.values() if lists[1]),
+                                 default=math.inf)
+        return self._first[1]
+
     def store_timers(self, key: Any, lists: list[list[float]]) -> None:
         """Sets a key's timers (new lists: a snapshot may share the old ones)."""
         if lists[0] or lists[1]:

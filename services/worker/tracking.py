@@ -33,6 +33,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from gridstream.ids import UNTRACKED_ROOT
+
 
 @dataclass
 class TrackingFigures:
@@ -74,7 +76,10 @@ class TaskTracking:
     """Reports sent so far (their sequence numbers)."""
 
     def retain(self, offset: int, root: int) -> None:
-        """A batch of ``root`` is in the container at ``offset``."""
+        """A batch of ``root`` is in the container at ``offset`` (none of
+        :data:`~gridstream.ids.UNTRACKED_ROOT`: a tick's tree is not tracked)."""
+        if root == UNTRACKED_ROOT:
+            return
         self.root_at[offset] = root
         offsets = self.pending.setdefault(root, set())
         if self.is_source and not offsets and root not in self.registered:
