@@ -25,26 +25,19 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from gridstream.eventtime import JOINED, LATE, event_time, window_config
+from gridstream.eventtime import JOINED, LATE, event_time
 from gridstream.jobspec import Stage
-from services.worker.windows import Clock, Event, _order
+from services.worker.windows import EventTimeStep, _order
 
 
-class TableJoinStep:
-    """The ``join`` stage of one partition (see the module docstring)."""
+class TableJoinStep(EventTimeStep):
+    """The ``join`` stage of one partition (see the module docstring). Its
+    state: key -> [[[time, table value], ...] by time, [[time, stream record], ...]]."""
 
     def __init__(self, stage: Stage, fn: Callable[[Any, Any], Any],
                  timestamp: Callable[[Any], Any], state: dict[Any, Any], touched: set[Any],
                  marks: dict[Any, Any], marks_touched: set[Any]) -> None:
-        self.stage = stage
-        self.config = window_config(stage.params, stage.name)
-        self.fn = fn
-        self.timestamp = timestamp
-        self.state = state
-        """key -> [[[time, table value], ...] by time, [[time, stream record], ...]]."""
-        self.touched = touched
-        self.clock = Clock(marks, marks_touched, self.config.idle_timeout)
-        self.event: Event | None = None
+        super().__init__(stage, fn, timestamp, state, touched, marks, marks_touched)
         self._first_wait = -math.inf
         """No stream record waits with a time before this (-inf: unknown, look)."""
 
@@ -57,9 +50,7 @@ class TableJoinStep:
 
     def run(self, keys: list[Any] | None, values: list[Any],
             dead: Any) -> tuple[list[Any], list[Any]]:
-        if keys is None:
-            raise RuntimeError(f"stage {self.stage.name} is keyed but received records "
-                               "without keys")
+        keys = self.keyed(keys)
         out_k: list[Any] = []
         out_v: list[Any] = []
         mark = self.clock.watermark

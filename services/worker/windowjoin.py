@@ -29,28 +29,21 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from gridstream.eventtime import JOINED, LATE, event_time, window_config
+from gridstream.eventtime import JOINED, LATE, event_time
 from gridstream.jobspec import Stage
-from services.worker.windows import Clock, Event, _order, _rank
+from services.worker.windows import EventTimeStep, _order, _rank
 
 SIDES = ("left", "right")
 
 
-class WindowJoinStep:
-    """The windowed ``join`` stage of one partition (see the module docstring)."""
+class WindowJoinStep(EventTimeStep):
+    """The windowed ``join`` stage of one partition (see the module docstring).
+    Its state: key -> [[start, end, [[time, left], ...], [[time, right], ...]], ...]."""
 
     def __init__(self, stage: Stage, fn: Callable[[Any, Any], Any],
                  timestamp: Callable[[Any], Any], state: dict[Any, Any], touched: set[Any],
                  marks: dict[Any, Any], marks_touched: set[Any]) -> None:
-        self.stage = stage
-        self.config = window_config(stage.params, stage.name, stage.kind)
-        self.fn = fn
-        self.timestamp = timestamp
-        self.state = state
-        """key -> [[start, end, [[time, left], ...], [[time, right], ...]], ...]."""
-        self.touched = touched
-        self.clock = Clock(marks, marks_touched, self.config.idle_timeout)
-        self.event: Event | None = None
+        super().__init__(stage, fn, timestamp, state, touched, marks, marks_touched)
         self._first_end = -math.inf
         """No window in the state ends before this (-inf: unknown, look)."""
 
@@ -63,9 +56,7 @@ class WindowJoinStep:
 
     def run(self, keys: list[Any] | None, values: list[Any],
             dead: Any) -> tuple[list[Any], list[Any]]:
-        if keys is None:
-            raise RuntimeError(f"stage {self.stage.name} is keyed but received records "
-                               "without keys")
+        keys = self.keyed(keys)
         out_k: list[Any] = []
         out_v: list[Any] = []
         cfg = self.config

@@ -100,24 +100,44 @@ class Clock:
         return now
 
 
-class WindowStep:
-    """The ``window`` stage of one partition (see the module docstring)."""
+class EventTimeStep:
+    """What every event-time stage of a partition shares (a window, a
+    stream-table join, a windowed join): its settings and functions, its keyed
+    state with the keys a batch touched, the clock of its watermarks, and the
+    event of the batch being processed (set by the chain before each batch)."""
+
+    def __init__(self, stage: Stage, fn: Callable[..., Any],
+                 timestamp: Callable[[Any], Any], state: dict[Any, Any], touched: set[Any],
+                 marks: dict[Any, Any], marks_touched: set[Any]) -> None:
+        self.stage = stage
+        self.config: WindowConfig = window_config(stage.params, stage.name, stage.kind)
+        self.fn = fn
+        self.timestamp = timestamp
+        self.state = state
+        self.touched = touched
+        self.clock = Clock(marks, marks_touched, self.config.idle_timeout)
+        self.event: Event | None = None
+
+    def keyed(self, keys: list[Any] | None) -> list[Any]:
+        """The batch's keys; an event-time stage always runs after a shuffle."""
+        if keys is None:
+            raise RuntimeError(f"stage {self.stage.name} is keyed but received records "
+                               "without keys")
+        return keys
+
+
+class WindowStep(EventTimeStep):
+    """The ``window`` stage of one partition (see the module docstring). Its
+    state: key -> [[start, end, acc], ...]; a session's acc, and a process
+    window's, is its [ts, value]s."""
 
     def __init__(self, stage: Stage, fn: Callable[..., Any],
                  timestamp: Callable[[Any], Any], fresh: Callable[[], Any],
                  state: dict[Any, Any], touched: set[Any], marks: dict[Any, Any],
                  marks_touched: set[Any]) -> None:
-        self.stage = stage
-        self.config: WindowConfig = window_config(stage.params, stage.name)
-        self.fn = fn
-        self.timestamp = timestamp
+        super().__init__(stage, fn, timestamp, state, touched, marks, marks_touched)
         self.fresh = fresh
-        self.state = state
-        """key -> [[start, end, acc], ...]; a session's acc, and a process
-        window's, is its [ts, value]s."""
-        self.touched = touched
-        self.clock = Clock(marks, marks_touched, self.config.idle_timeout)
-        self.event: Event | None = None
+        """A fresh accumulator (the stage's ``initial``, copied when mutable)."""
         self._first_end = -math.inf
         """No window in the state ends before this (-inf: unknown, look)."""
         self._mine: set[Any] = set()
@@ -140,9 +160,7 @@ class WindowStep:
 
     def run(self, keys: list[Any] | None, values: list[Any],
             dead: Any) -> tuple[list[Any], list[Any]]:
-        if keys is None:
-            raise RuntimeError(f"stage {self.stage.name} is keyed but received records "
-                               "without keys")
+        keys = self.keyed(keys)
         out_k: list[Any] = []
         out_v: list[Any] = []
         cfg = self.config
