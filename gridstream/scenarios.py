@@ -81,8 +81,7 @@ class FaultRecord:
     detected_s: float | None = None
     resumed_s: float | None = None
     incarnations: dict[str, str] = field(default_factory=dict)
-    """Worker kills: the victims' incarnations in the routing table when
-    they were killed (a kill ``again`` waits for new ones)."""
+    """Worker kills: the victims' incarnations when killed (``again`` waits for new ones)."""
 
 
 @dataclass
@@ -100,8 +99,7 @@ class HistoryRun:
     """Keys of state loaded before the faults (see ``run_history``)."""
     seconds: float = 0.0
     branches: list[str] = field(default_factory=list)
-    """A graph run (``run_history(..., graph=True)``): what the other
-    branches got wrong against the reference (empty when exact)."""
+    """A graph run: what the other branches got wrong (empty when exact)."""
 
     def table(self) -> str:
         """Faults with detection and resume times, then the verdict."""
@@ -439,6 +437,16 @@ def _report(run: _FaultedRun, verdict: str, problems: list[str]) -> str:
     return "\n".join(lines)
 
 
+async def _supervised(stack: contextlib.AsyncExitStack, run_dir: Path,
+                      config: Config | None) -> tuple[LocalCluster, Client]:
+    """A supervised cluster (3 workers, 2 state servers) and its client, closed with ``stack``."""
+    cluster = await stack.enter_async_context(LocalCluster(
+        run_dir, config, workers=3, state_servers=2, supervise=True, restart_delay_s=1.0))
+    client = await stack.enter_async_context(
+        Client(cluster.scheduler_address, batch_size=250, security=cluster.config.security))
+    return cluster, client
+
+
 async def _send_under_faults(cluster: LocalCluster, client: Client, job_id: str,
                              sender: Sender, steps: list[Step], rng: random.Random,
                              run: _FaultedRun, drain_timeout_s: float) -> None:
@@ -503,12 +511,8 @@ async def run_clicks(steps: list[Step], run_dir: Path, records: int = 30_000,
     expected = clicks.reference(lines)
     files = run_dir / "files"
     run = ClicksRun()
-    cluster = LocalCluster(run_dir, config, workers=3, state_servers=2, supervise=True,
-                           restart_delay_s=1.0)
     async with contextlib.AsyncExitStack() as stack:
-        await stack.enter_async_context(cluster)
-        client = await stack.enter_async_context(
-            Client(cluster.scheduler_address, batch_size=250, security=cluster.config.security))
+        cluster, client = await _supervised(stack, run_dir, config)
         spec = clicks.flow(files, fmt).job()
         if tracking_timeout_s:
             spec = replace(spec, tracking_timeout_s=tracking_timeout_s)
@@ -567,12 +571,8 @@ async def run_trips(steps: list[Step], run_dir: Path, records: int = 20_000,
     closing_keys, closing = trips.closing(partitions)
     expected = trips.reference(values)
     run = TripsRun()
-    cluster = LocalCluster(run_dir, config, workers=3, state_servers=2, supervise=True,
-                           restart_delay_s=1.0)
     async with contextlib.AsyncExitStack() as stack:
-        await stack.enter_async_context(cluster)
-        client = await stack.enter_async_context(
-            Client(cluster.scheduler_address, batch_size=250, security=cluster.config.security))
+        cluster, client = await _supervised(stack, run_dir, config)
         job_id = await client.submit(trips.flow(partitions).job())
         sender = Sender(client, job_id, keys + closing_keys, values + closing, stream_s, chunk)
         await _send_under_faults(cluster, client, job_id, sender, steps, rng, run,
