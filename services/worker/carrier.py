@@ -28,7 +28,7 @@ from gridstream.taskplan import plan_graph
 from gridstream.timers import event_config
 from services.worker.peers import OutSegment
 from services.worker.shuffle import Shuffle
-from services.worker.watermarks import time_plan
+from services.worker.watermarks import stamp_watermark, time_plan
 from services.worker.windows import Clock, Event
 
 
@@ -82,24 +82,9 @@ class Carrier:
         if found is None or mark is None:
             return segments
         tick, keyed = found
-        sent = self.sent.setdefault(index, {})
-        for segment in segments:
-            segment.encode().watermark = mark
-            sent[segment.partition] = mark
-        having = {segment.partition for segment in segments}
-        for p in range(edge.partitions) if keyed else (self.partition,):
-            last = sent.get(p)
-            if p in having or (last is not None and (
-                    mark <= last if not tick else mark // tick <= last // tick)):
-                continue
-            seq = edge.sequences.get(p, 0) + 1
-            edge.sequences[p] = seq
-            empty = OutSegment(edge.dest_task, p, edge.channel, seq, [], [],
-                               previous_sequence=seq - 1)
-            empty.encode().watermark = mark
-            sent[p] = mark
-            segments.append(empty)
-        return segments
+        partitions = range(edge.partitions) if keyed else (self.partition,)
+        return stamp_watermark(edge, segments, mark, self.sent.setdefault(index, {}), tick,
+                               partitions)
 
     def header(self) -> dict[str, Any]:
         """The carrier's state for the task's window snapshot header."""

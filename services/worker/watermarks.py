@@ -6,7 +6,7 @@ carried on past an event-time stage (:mod:`services.worker.carrier`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +85,33 @@ def batch_time(batch: Any) -> float:
     return 0.0 if batch is None else float(batch.ingest_unix_s)
 
 
+def stamp_watermark(edge: Shuffle, segments: list[OutSegment], mark: float,
+                    sent: dict[int, float], tick: float,
+                    partitions: Iterable[int]) -> list[OutSegment]:
+    """``segments`` of ``edge`` with the watermark ``mark`` on each, plus an
+    empty segment carrying it to each of ``partitions`` that got no records,
+    once it moved on by a ``tick`` (any advance when ``tick`` is 0) since the
+    last one ``sent`` there; empty segments take the edge's next sequences, so
+    a replay sends the same. ``sent`` is updated."""
+    for segment in segments:
+        segment.encode().watermark = mark
+        sent[segment.partition] = mark
+    having = {segment.partition for segment in segments}
+    for p in partitions:
+        last = sent.get(p)
+        if p in having or (last is not None and (
+                mark // tick <= last // tick if tick else mark <= last)):
+            continue
+        seq = edge.sequences.get(p, 0) + 1
+        edge.sequences[p] = seq
+        empty = OutSegment(edge.dest_task, p, edge.channel, seq, [], [],
+                           previous_sequence=seq - 1)
+        empty.encode().watermark = mark
+        sent[p] = mark
+        segments.append(empty)
+    return segments
+
+
 class TimedShuffle(Shuffle):
     """A shuffle into a window stage: also numbers the sending partition's
     watermark on every segment (see the module docstring)."""
@@ -116,23 +143,8 @@ class TimedShuffle(Shuffle):
         if self.max_time is None:
             return segments
         mark = self.max_time - self.config.max_delay
-        tick = self.config.tick
-        for segment in segments:
-            segment.encode().watermark = mark
-            self.sent[segment.partition] = mark
-        having = {segment.partition for segment in segments}
-        for p in range(self.partitions):
-            last = self.sent.get(p)
-            if p in having or (last is not None and mark // tick <= last // tick):
-                continue
-            seq = self.sequences.get(p, 0) + 1
-            self.sequences[p] = seq
-            empty = OutSegment(self.dest_task, p, self.channel, seq, [], [],
-                               previous_sequence=seq - 1)
-            empty.encode().watermark = mark
-            self.sent[p] = mark
-            segments.append(empty)
-        return segments
+        return stamp_watermark(self, segments, mark, self.sent, self.config.tick,
+                               range(self.partitions))
 
     def header(self) -> list[Any]:
         """The edge's event-time state for a window snapshot's header."""
