@@ -7,6 +7,7 @@ import random
 from collections import Counter
 from collections.abc import Iterable
 
+from gridstream.builtins import split_words
 from gridstream.jobspec import JobSpec, Stage
 
 VOCABULARY = 5_000
@@ -52,7 +53,7 @@ def count_records(lines: list[str], batch_size: int) -> int:
     """How many records the job's ``count`` task receives when ``lines`` are
     sent unkeyed in batches of ``batch_size``: each sent batch's split sends
     every distinct word once, with its count (:mod:`gridstream.combiners`)."""
-    return sum(len({w for line in lines[i:i + batch_size] for w in line.lower().split()})
+    return sum(len({w for line in lines[i:i + batch_size] for w in split_words(line)})
                for i in range(0, len(lines), batch_size))
 
 
