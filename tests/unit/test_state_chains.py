@@ -256,3 +256,99 @@ async def test_a_crash_between_deltas_and_their_compaction_restores_correctly(
         head = await store.states.head(JOB, OP)
         assert head is not None and (head.base_window, head.deltas) == (2, 1)
         assert await restored(store) == expected
+
+
+def put_window(window: int, entries: dict[str, int | None]) -> StateWindow:
+    """A delta on top of ``window - 1`` (a whole state for window 0) setting
+    each key to its value, or deleting it on None."""
+    return StateWindow(JOB, OP, window, 1 + window, window - 1 if window else None,
+                       pack({"offset": window}),
+                       [("sum", pack(k), None if v is None else pack(v))
+                        for k, v in entries.items()])
+
+
+async def held(store: SnapshotStore) -> tuple[list[int], dict[str, int]]:
+    """(windows read, base first; the state they add up to)."""
+    windows: list[int] = []
+    state: dict[str, int] = {}
+    async for chunk in store.states.read(JOB, OP):
+        if not windows or windows[-1] != chunk.window:
+            windows.append(chunk.window)
+        for entry in unpack(chunk.entries):
+            if len(entry) == 3:
+                state[entry[1]] = entry[2]
+            else:
+                state.pop(entry[1], None)
+    return windows, state
+
+
+async def fold_transactions(store: SnapshotStore, keep: int = 1) -> int:
+    """Compacts the chain; how many transactions that took (the last one
+    finds nothing left to fold)."""
+    committer = store._commit()
+    before = committer.commits
+    await store.states.compact(JOB, OP, keep)
+    return committer.commits - before
+
+
+async def test_a_fold_writes_each_key_once_with_its_newest_value(
+        store: SnapshotStore) -> None:
+    store.states.auto_compact = False
+    await store.states.put(put_window(0, {"a": 0, "b": 0, "c": 0, "gone": 0}))
+    await store.states.put(put_window(1, {"a": 1, "b": 1, "c": None, "d": 1}))
+    await store.states.put(put_window(2, {"b": None, "c": 2, "gone": None}))
+    await store.states.put(put_window(3, {"a": 3, "d": None}))
+    await store.states.put(put_window(4, {"e": 4}))
+    expected = {"a": 3, "c": 2, "e": 4}
+    assert (await held(store))[1] == expected
+    # Windows 1..3 in one transaction (and one that finds nothing to fold).
+    assert await fold_transactions(store) == 2
+    assert store.states.folds == 3
+    windows, state = await held(store)
+    assert windows == [3, 4] and state == expected
+    base = {unpack(e[1]): unpack(e[2]) async for e in base_rows(store)}
+    # a: written in 1 and 3 -> 3's value; b: written then deleted -> absent;
+    # c: deleted then written again -> the later value; d: new then deleted.
+    assert base == {"a": 3, "c": 2}
+    head = await store.states.head(JOB, OP)
+    assert head is not None and (head.base_window, head.head_window, head.deltas) == (3, 4, 1)
+    first = await anext(aiter(store.states.read(JOB, OP)))
+    assert (first.window, first.epoch, unpack(first.header)) == (3, 4, {"offset": 3})
+
+
+async def base_rows(store: SnapshotStore) -> AsyncIterator[Any]:
+    """The base's rows as stored (stage, key, value)."""
+    rows = await store._read().execute_fetchall(
+        "SELECT stage, key, value FROM state_entries WHERE job_id = ? AND operator_id = ?",
+        (JOB, OP))
+    for row in rows:
+        yield row
+
+
+async def test_the_fold_budget_splits_a_long_chain_into_a_few_transactions(
+        store: SnapshotStore) -> None:
+    store.states.auto_compact = False
+    store.states.fold_entries = 6
+    await store.states.put(put_window(0, {"a": 0}))
+    expected: dict[str, int] = {"a": 0}
+    for window in range(1, 9):
+        entries: dict[str, int | None] = {"a": window, f"k{window}": window}
+        if window > 1:
+            entries[f"k{window - 1}"] = None
+        await store.states.put(put_window(window, entries))
+        expected = {k: v for k, v in {**expected, **entries}.items() if v is not None}
+    # Deltas 1..7 (2, then 3 entries each) fold as [1, 2], [3, 4], [5, 6],
+    # [7]: one transaction each, and one that finds nothing left; the newest
+    # (8) stays apart.
+    assert await fold_transactions(store) == 5
+    assert store.states.folds == 7
+    windows, state = await held(store)
+    assert windows == [7, 8] and state == expected == {"a": 8, "k8": 8}
+    # A delta over the budget on its own is still folded, alone.
+    store.states.fold_entries = 1
+    await store.states.put(put_window(9, {"a": 9, "b": 9}))
+    await store.states.put(put_window(10, {"b": None}))
+    assert await fold_transactions(store, keep=0) == 4
+    assert store.states.folds == 10
+    windows, state = await held(store)
+    assert windows == [10] and state == {"a": 9, "k8": 8}
