@@ -47,7 +47,7 @@ from gridstream.ids import partition_for_key
 from gridstream.replicas import ReplicaClient
 from gridstream.retry import Backoff, RetryExhausted
 from gridstream.routing import RoutingView
-from gridstream.taskplan import sink_rows
+from gridstream.taskplan import sink_rows, state_result_sources
 from gridstream.types import DeadLetter, RoutingTable
 from gridstream.v1 import (
     scheduler_pb2,
@@ -442,7 +442,7 @@ class Client(ControlCalls):
             except KeyError as exc:
                 raise InvalidArgument(str(exc.args[0])) from None
         await self._state.routing.refresh()
-        rows = await self._state.read_results(job_id)
+        rows = await self._state.read_results(job_id, state_result_sources(info.spec))
         results: dict[str, Any] = {}
         for key, (value, _version) in rows.items():
             try:

@@ -263,13 +263,20 @@ class ReplicaClient:
                 best = (int(response.meta.window), bytes(response.payload))
         return best
 
-    async def read_results(self, job_id: str) -> dict[str, tuple[str, int]]:
-        """key -> (JSON value, version): every replica's rows merged, newest version wins."""
+    async def read_results(self, job_id: str, from_state: Sequence[tuple[str, str]] = ()
+                           ) -> dict[str, tuple[str, int]]:
+        """key -> (JSON value, version): every replica's rows merged, newest
+        version wins; with the rows of the reduces in ``from_state`` ((stage,
+        key prefix) pairs, :func:`gridstream.taskplan.state_result_sources`)
+        read from their stored state."""
         merged: dict[str, tuple[str, int]] = {}
+        request = stateserver_pb2.ReadResultsRequest(job_id=job_id, from_state=[
+            stateserver_pb2.ResultsFromState(stage=stage, key_prefix=prefix)
+            for stage, prefix in from_state])
 
         async def read(stub: stateserver_pb2_grpc.StateServerStub) -> None:
             async for chunk in rpc.idle_stream(
-                stub.ReadResults(stateserver_pb2.ReadResultsRequest(job_id=job_id)),
+                stub.ReadResults(request),
                 f"reading results of {job_id}",
             ):
                 for key, value, version in codec.unpack(chunk.rows):

@@ -139,3 +139,35 @@ def sink_rows(job: JobSpec, rows: dict[str, object], sink: str) -> dict[str, obj
         return dict(rows)
     prefix = f"{sink}/"
     return {key[len(prefix):]: value for key, value in rows.items() if key.startswith(prefix)}
+
+
+def results_from_state(job: JobSpec, stages: tuple[Stage, ...] | list[Stage]) -> str | None:
+    """The stage whose keyed state *is* a task's sink rows, or None.
+
+    A task that is a reduce into a ``latest`` sink (and nothing else) emits,
+    for every key it touches, the key's new accumulator, and the sink keeps
+    the newest: the rows are the reduce's state. With window snapshots on
+    the state servers (exactly_once and at_least_once, whose windows close
+    on a timer and which a drain waits for), those rows need not be written
+    a second time: the state servers read them from the stored state
+    (``ReadResultsRequest.from_state``). Returns the reduce's name then.
+    at_most_once keeps writing rows: its windows close only by count, so
+    the state of a quiet stream may stay unstored for long."""
+    if job.delivery == "at_most_once" or len(stages) != 2:
+        return None
+    reduce, sink = stages
+    if reduce.kind != "reduce" or reduce.params or sink.kind != "sink" or sink.mode != "latest":
+        return None
+    return reduce.name
+
+
+def state_result_sources(job: JobSpec) -> list[tuple[str, str]]:
+    """(reduce stage, row key prefix) of every task of ``job`` whose sink rows
+    are read from state (:func:`results_from_state`): what a reader of the
+    job's results asks the state servers for."""
+    sources = []
+    for task in plan_graph(job).tasks:
+        stage = results_from_state(job, task.stages)
+        if stage is not None:
+            sources.append((stage, sink_row_prefix(job, task.stages)))
+    return sources

@@ -57,14 +57,15 @@ milliseconds, so applying a big state never holds its event loop for long."""
 READ_CHUNK_BYTES = 1024 * 1024
 """Soft byte limit of a chunk of a read."""
 
-FOLD_ENTRIES = 50_000
+FOLD_ENTRIES = 20_000
 """Delta entries one fold may cover (always at least one delta): a fold is
 one transaction, and a takeover's claim waits for the transaction in
-progress, so a fold must stay short however long the chain (measured: about
-0.17 s for 50,000 entries of ~400 bytes on a loaded 2-core machine, against
-0.05 s for a one-delta fold of 10,000 entries)."""
+progress, so a fold must stay short however long the chain (measured on a
+loaded 2-core machine with ~400-byte values: 0.17 s for 50,000 entries,
+0.05 s for 10,000; 20,000 keeps a claim's wait under the 0.1 s at which it
+is logged as slow while still folding two windows of 10,000 keys at once)."""
 
-FOLD_BYTES = 64 * 1024 * 1024
+FOLD_BYTES = 16 * 1024 * 1024
 """Delta bytes (their ``size``) one fold may cover: with big values the
 bytes, not the entries, bound how long a fold takes."""
 

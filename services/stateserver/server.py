@@ -23,8 +23,9 @@ from gridstream.validation import check_id, check_path_id
 from services.stateserver.directory import JobDirectory
 from services.stateserver.layout import SnapshotMeta
 from services.stateserver.rows import decode_dead_letters, decode_rows, encode_entries
+from services.stateserver.stateresults import check_sources, read_state_rows
 from services.stateserver.statewire import receive_window, send_chunk
-from services.stateserver.store import DEFAULT_CHUNK_ROWS, SnapshotStore
+from services.stateserver.store import DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_ROWS, SnapshotStore
 
 log = logging.getLogger(__name__)
 
@@ -178,9 +179,18 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
     async def ReadResults(  # type: ignore[override]
         self, request: pb.ReadResultsRequest, context: grpc.aio.ServicerContext
     ) -> None:
-        """Streams a job's result rows; an unknown job streams nothing."""
+        """Streams a job's result rows, the written ones and then those read
+        from the state of the reduces named in ``from_state``; an unknown job
+        streams nothing."""
         _require(request.job_id, "job_id")
+        sources = [(source.stage, source.key_prefix) for source in request.from_state]
+        check_sources(sources)
         async for chunk in self._store.read_results(request.job_id, self._chunk_rows):
+            await context.write(pb.ReadResultsChunk(rows=encode_entries(chunk),
+                                                    row_count=len(chunk)))
+        # A quarter of the byte limit: a value's JSON may be longer than its msgpack.
+        async for chunk in read_state_rows(self._store.path, request.job_id, sources,
+                                           self._chunk_rows, DEFAULT_CHUNK_BYTES // 4):
             await context.write(pb.ReadResultsChunk(rows=encode_entries(chunk),
                                                     row_count=len(chunk)))
 

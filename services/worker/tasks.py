@@ -41,7 +41,7 @@ from gridstream.ids import (
 from gridstream.jobspec import JobSpec, Stage
 from gridstream.metrics import Histogram
 from gridstream.retry import Backoff
-from gridstream.taskplan import sink_row_prefix
+from gridstream.taskplan import results_from_state, sink_row_prefix
 from gridstream.v1 import common_pb2
 from services.worker.delivery import DeliveryPipeline
 from services.worker.edges import Outbound
@@ -122,6 +122,7 @@ class TaskRunner:
                                          batch_records)
         """Every edge the task's output goes on (none for a task ending in a sink)."""
         self.row_prefix = sink_row_prefix(spec, stages)
+        self.rows_from_state = results_from_state(spec, stages) is not None  # none written
         self.event_inputs = event_inputs(spec, task_index, partition)  # None: hears no time
         self.files = writer_of(self.chain, job_id, partition, lambda: self.chain,
                                lambda: self.epoch, self.operator_id)
@@ -180,9 +181,8 @@ class TaskRunner:
         self.internal_errors = 0
         """Batches dead-lettered whole because gridstream's own handling failed."""
         self._row_version = 0
-        """Version of the last result write: increases with every write, and a
-        later owner's are higher (its windows are numbered from epoch << 20),
-        so replicas keep the newest row of a key whatever order they saw."""
+        """Version of the last result write: increases with every write, and a later
+        owner's are higher (windows numbered from epoch << 20): replicas keep the newest."""
 
     # -- life ----------------------------------------------------------------
 
@@ -301,7 +301,7 @@ class TaskRunner:
             await container.mark_consumed(offset + 1)
             self.records_processed += entry.count
             self.window.add(entry.channel, entry.sequence, offset, entry.count)
-            if result.sink_rows:
+            if result.sink_rows and not self.rows_from_state:
                 if self.files is not None:
                     self.files.add(result.sink_rows)
                 else:

@@ -22,6 +22,8 @@ async def test_taxi_matches_the_reference(client: Client) -> None:
     expected = taxi.reference(records)
     assert compare(results, expected) == (0, 0, 0)
     assert results == expected
+    # The rows came from the reduce's stored state: none were written as rows.
+    assert await client._state.read_results(job_id) == {}
     # Every input record went through both tasks exactly once.
     by_task: dict[int, int] = {}
     for t in progress.tasks:

@@ -1,0 +1,162 @@
+"""Result rows read from operators' keyed state instead of the results table.
+
+A task that is a reduce into a ``latest`` sink writes no result rows
+(:func:`gridstream.taskplan.results_from_state`): its rows are the reduce's
+accumulators, which every window already stores as keyed state (a base plus
+deltas, :mod:`services.stateserver.chains`). Writing them again as rows
+was a second copy of every changed value per window, the largest cost of a
+state server on a job whose values grow (the taxi job's position strings),
+and the row writes were what a takeover's claim queued behind.
+
+The reader of a job's results names those reduces (it knows the job's plan);
+this module turns their stored state into rows as the worker would have
+written them: the key's text under the sink's prefix, the value's JSON, and
+the version of the operator's newest stored window, so that merging the
+replicas keeps the newest window's rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from gridstream.codec import row_json, unpack
+from gridstream.errors import FailedPrecondition, InvalidArgument
+from gridstream.ids import first_row_version, key_text
+from gridstream.validation import short
+from services.stateserver.chains import _array_header
+from services.stateserver.layout import VersionedRow
+
+MAX_SOURCES = 64
+"""Most reduces one ReadResults may name (a job has at most this many tasks
+worth asking for; more is a malformed request)."""
+
+MAX_NAME = 512
+"""Longest stage name or key prefix accepted."""
+
+
+def check_sources(sources: Sequence[tuple[str, str]]) -> None:
+    """Refuses a ``from_state`` list a well-formed reader never sends: too
+    many entries, an empty or oversized name, or internal state (``@``)."""
+    if len(sources) > MAX_SOURCES:
+        raise InvalidArgument(f"from_state names {len(sources)} stages, more than "
+                              f"{MAX_SOURCES}; name the job's reduce-into-latest stages only")
+    for index, (stage, prefix) in enumerate(sources):
+        if not stage or len(stage) > MAX_NAME or "@" in stage:
+            raise InvalidArgument(
+                f"from_state[{index}].stage {short(stage)} must be a reduce stage's name "
+                f"(1 to {MAX_NAME} characters, no '@'); nothing read")
+        if len(prefix) > MAX_NAME:
+            raise InvalidArgument(f"from_state[{index}].key_prefix is longer than {MAX_NAME} "
+                                  "characters; nothing read")
+
+
+def _hashable(key: Any) -> Any:
+    """A key as the worker held it: msgpack gives tuples back as lists."""
+    if isinstance(key, list):
+        return tuple(_hashable(part) for part in key)
+    return key
+
+
+def _decoded(key: bytes, value: bytes, operator_id: str) -> tuple[Any, Any]:
+    """One entry decoded, or an error naming its key."""
+    try:
+        return unpack(b"\x92" + key + value)  # type: ignore[no-any-return]
+    except Exception as exc:  # msgpack raises several unrelated types
+        try:
+            name = key_text(_hashable(unpack(key)))
+        except Exception:  # the key itself is unreadable
+            name = repr(key)
+        raise FailedPrecondition(
+            f"{operator_id}: the stored state of key {short(name)} cannot be read "
+            f"({type(exc).__name__}: {exc}); the sink cannot show it") from None
+
+
+def _rows_of(pairs: list[tuple[bytes, bytes]], prefix: str, version: int,
+             operator_id: str) -> list[VersionedRow]:
+    """Rows of (msgpack key, msgpack value) pairs, decoded in one C call."""
+    blob = _array_header(len(pairs)) + b"".join(b"\x92" + k + v for k, v in pairs)
+    try:
+        decoded = unpack(blob)
+    except Exception:  # msgpack raises several unrelated types; find the entry
+        decoded = [_decoded(key, value, operator_id) for key, value in pairs]
+    rows: list[VersionedRow] = []
+    append = rows.append
+    for key, value in decoded:
+        text = key if type(key) is str else key_text(_hashable(key))
+        try:
+            append((prefix + text, row_json(value), version))
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise FailedPrecondition(
+                f"{operator_id}: the stored value of key {short(text)} cannot be written as "
+                f"JSON ({type(exc).__name__}: {exc}); the sink cannot show it") from None
+    return rows
+
+
+async def read_state_rows(
+    path: str | Path, job_id: str, sources: Sequence[tuple[str, str]], chunk_rows: int,
+    chunk_bytes: int,
+) -> AsyncIterator[list[VersionedRow]]:
+    """The rows of ``sources`` ((reduce stage, key prefix) pairs) in every
+    operator of ``job_id`` holding state, in chunks of at most ``chunk_rows``
+    rows and about ``chunk_bytes``.
+
+    Each operator is read as of one moment: one read transaction on a
+    connection of its own (a fold committing meanwhile changes nothing
+    read), deltas first (each key's newest value, a NULL for a key deleted
+    since), then the base in pages, each key's newest delta value taking
+    its place. The loop is let through after every chunk."""
+    if not sources:
+        return
+    conn = await aiosqlite.connect(path, isolation_level=None)
+    try:
+        await conn.execute("PRAGMA query_only=ON")
+        await conn.execute("BEGIN")
+        heads = list(await conn.execute_fetchall(
+            "SELECT operator_id, head_window FROM state_heads WHERE job_id = ? "
+            "ORDER BY operator_id", (job_id,)))
+        pending: list[tuple[bytes, bytes]] = []
+        size = 0
+        for operator_id, head_window in heads:
+            version = first_row_version(int(head_window))
+            for stage, prefix in sources:
+                params = (job_id, operator_id, stage)
+                newer: dict[bytes, bytes | None] = {
+                    bytes(k): (None if v is None else bytes(v))
+                    for k, v in await conn.execute_fetchall(
+                        "SELECT key, value FROM state_delta_entries WHERE job_id = ? AND "
+                        'operator_id = ? AND stage = ? ORDER BY "window"', params)}
+                async with conn.execute(
+                    "SELECT key, value FROM state_entries WHERE job_id = ? AND operator_id = ? "
+                    "AND stage = ?", params,
+                ) as cursor:
+                    while page := list(await cursor.fetchmany(chunk_rows)):
+                        for key, value in page:
+                            key = bytes(key)
+                            current = newer.pop(key, value) if newer else value
+                            if current is None:
+                                continue  # deleted since the base
+                            pending.append((key, bytes(current)))
+                            size += len(key) + len(current)
+                            if len(pending) >= chunk_rows or size >= chunk_bytes:
+                                yield _rows_of(pending, prefix, version, operator_id)
+                                pending, size = [], 0
+                                await asyncio.sleep(0)
+                for key, value in newer.items():  # keys the base does not hold
+                    if value is None:
+                        continue
+                    pending.append((key, value))
+                    size += len(key) + len(value)
+                    if len(pending) >= chunk_rows or size >= chunk_bytes:
+                        yield _rows_of(pending, prefix, version, operator_id)
+                        pending, size = [], 0
+                        await asyncio.sleep(0)
+                if pending:
+                    yield _rows_of(pending, prefix, version, operator_id)
+                    pending, size = [], 0
+    finally:
+        await conn.close()
