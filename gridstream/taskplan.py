@@ -146,14 +146,15 @@ def results_from_state(job: JobSpec, stages: tuple[Stage, ...] | list[Stage]) ->
 
     A task that is a reduce into a ``latest`` sink (and nothing else) emits,
     for every key it touches, the key's new accumulator, and the sink keeps
-    the newest: the rows are the reduce's state. With window snapshots on
-    the state servers (exactly_once and at_least_once, whose windows close
-    on a timer and which a drain waits for), those rows need not be written
-    a second time: the state servers read them from the stored state
-    (``ReadResultsRequest.from_state``). Returns the reduce's name then.
-    at_most_once keeps writing rows: its windows close only by count, so
-    the state of a quiet stream may stay unstored for long."""
-    if job.delivery == "at_most_once" or len(stages) != 2:
+    the newest: the rows are the reduce's state. In an exactly_once job
+    those rows need not be written a second time: every window's state is
+    stored, and a drain waits for every tuple tree, so for every window
+    covering a processed record to be stored; the state servers read the
+    rows from the stored state (``ReadResultsRequest.from_state``). Returns
+    the reduce's name then. The other modes keep writing rows: an
+    at_least_once drain does not wait for windows to be stored, and
+    at_most_once windows close by count only."""
+    if job.delivery != "exactly_once" or len(stages) != 2:
         return None
     reduce, sink = stages
     if reduce.kind != "reduce" or reduce.params or sink.kind != "sink" or sink.mode != "latest":
