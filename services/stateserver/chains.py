@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 import aiosqlite
 
 from gridstream.codec import pack
+from services.stateserver.groupcommit import Preempted
 from services.stateserver.layout import MissingParent, StateHead, StateWindow
 
 if TYPE_CHECKING:
@@ -347,7 +348,7 @@ class StateChains:
             return count
 
         folded = 0
-        while count := await self._store._commit().submit(fold_oldest):
+        while count := await self._store._commit().submit(fold_oldest, preemptible=True):
             folded += count
             self.folds += count
         return folded
@@ -379,7 +380,8 @@ class StateChains:
         return upto, chosen, int(rows[0][0]), bytes(rows[0][1])
 
     async def _compactor(self) -> None:
-        """Folds the chains that grew past ``max_deltas``; a failed fold is
+        """Folds the chains that grew past ``max_deltas``; a fold that gave way
+        to a takeover's claim is run again right after it, a failed one is
         logged and left for the operator's next window."""
         while True:
             await self._wake.wait()
@@ -390,6 +392,11 @@ class StateChains:
                     await self.compact(job_id, operator_id)
                 except asyncio.CancelledError:
                     raise
+                except Preempted:  # the claims are committed first: fold again after
+                    log.info("compacting the state of %s gave way to a takeover's claim",
+                             operator_id)
+                    self._due.add((job_id, operator_id))
+                    self._wake.set()
                 except Exception:
                     log.exception("compacting the state of %s failed; will retry after its "
                                   "next window", operator_id)

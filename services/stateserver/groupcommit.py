@@ -13,6 +13,13 @@ the next group, so a takeover waits for at most the write being run, not for
 every write queued behind a busy store: a group in progress commits what it
 has written when an urgent write arrives and runs the rest after it. Reordering is safe
 because every fenced write checks the fence again inside its transaction.
+
+A *preemptible* write (a compaction fold: background work whose every
+outcome reads the same) runs in a transaction of its own, and an urgent write
+arriving meanwhile interrupts it (``sqlite3_interrupt``): it is rolled back
+and its caller gets :class:`Preempted`, to run it again later. A fold into a
+large base can take seconds of random B-tree writes; a takeover's claim must
+not wait for it.
 """
 
 from __future__ import annotations
@@ -35,6 +42,11 @@ log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
+PREEMPT_POLL_S = 0.005
+"""How often a preemptible write in progress looks for an urgent one (an
+interrupt that lands between two of its statements is lost, so it is sent
+again until the write ends)."""
+
 SLOW_TRANSACTION_S = 0.25
 """A transaction this long is logged: everything queued waited for it."""
 
@@ -48,12 +60,18 @@ class StorageError(Unavailable):
     """SQLite refused a write (disk full, I/O error); nothing of it was stored."""
 
 
+class Preempted(Unavailable):
+    """A preemptible write was rolled back so that an urgent one (a takeover's
+    claim) could go first; nothing of it was stored: run it again later."""
+
+
 @dataclass(slots=True)
 class _Pending:
     """A queued write and the future its caller awaits."""
 
     op: WriteOp[Any]
     future: asyncio.Future[Any]
+    preemptible: bool = False
 
 
 async def _noop(_conn: aiosqlite.Connection) -> None:
@@ -95,6 +113,10 @@ class GroupCommitter:
         self._closing = False
         self._carried: deque[_Pending] = deque()
         """Writes of a group cut short for an urgent one: they go first next."""
+        self._preempting = False
+        """Set when the preemptible write in progress was interrupted."""
+        self.preempted = 0
+        """Preemptible writes rolled back for an urgent one so far."""
         self.commits = 0
         """Transactions committed; fewer than writes when grouping works."""
         self.longest_s = 0.0
@@ -108,9 +130,11 @@ class GroupCommitter:
             raise RuntimeError("GroupCommitter.start called twice")
         self._task = asyncio.create_task(self._run(), name="stateserver-group-commit")
 
-    async def submit(self, op: WriteOp[_T], urgent: bool = False) -> _T:
+    async def submit(self, op: WriteOp[_T], urgent: bool = False,
+                     preemptible: bool = False) -> _T:
         """Queues a write and returns its result once its transaction is
-        committed; an ``urgent`` one goes ahead of the queue (see the module)."""
+        committed; an ``urgent`` one goes ahead of the queue, a
+        ``preemptible`` one gives way to an urgent one (see the module)."""
         if self._closing or self._task is None or self._task.done():
             raise Unavailable("the state store is shutting down; retry on another state server "
                               "or after restart")
@@ -118,7 +142,7 @@ class GroupCommitter:
         if urgent:
             self._urgent.append(_Pending(op, future))
         else:
-            await self._queue.put(_Pending(op, future))
+            await self._queue.put(_Pending(op, future, preemptible))
         self._ready.set()
         if self._task.done():  # the writer stopped while we waited for queue space
             self._fail_queued()
@@ -152,15 +176,7 @@ class GroupCommitter:
                     self._ready.clear()
                     await self._ready.wait()
                     continue
-                group: list[_Pending] = []
-                if self._urgent:
-                    while self._urgent:
-                        group.append(self._urgent.popleft())
-                else:
-                    while len(group) < self._max_group and self._carried:
-                        group.append(self._carried.popleft())
-                    while len(group) < self._max_group and not self._queue.empty():
-                        group.append(self._queue.get_nowait())
+                group = self._next_group()
                 try:
                     await self._commit_group(group)
                 except Exception:  # a bug here must not strand the callers or the loop
@@ -171,6 +187,26 @@ class GroupCommitter:
         finally:
             self._closing = True
             self._fail_queued()
+
+    def _next_group(self) -> list[_Pending]:
+        """The writes of the next transaction: every urgent one; otherwise the
+        carried and queued ones in order, up to ``max_group``, a preemptible
+        one always alone."""
+        group: list[_Pending] = []
+        if self._urgent:
+            while self._urgent:
+                group.append(self._urgent.popleft())
+            return group
+        while len(group) < self._max_group and (self._carried or not self._queue.empty()):
+            pending = self._carried.popleft() if self._carried else self._queue.get_nowait()
+            if pending.preemptible:
+                if group:  # it goes first next time, in a transaction of its own
+                    self._carried.appendleft(pending)
+                else:
+                    group.append(pending)
+                break
+            group.append(pending)
+        return group
 
     def _fail_queued(self) -> None:
         """Fails writes still queued when the writer stops, so no caller waits forever."""
@@ -196,7 +232,8 @@ class GroupCommitter:
         try:
             await self._conn.execute("BEGIN IMMEDIATE")
             for i, pending in enumerate(live):
-                results.append(await pending.op(self._conn))
+                results.append(await (self._run_preemptible(pending.op) if pending.preemptible
+                                      else pending.op(self._conn)))
                 if self._urgent and i + 1 < len(live):
                     # A takeover's claim arrived: commit what is written and
                     # run the rest after the claim, so the claim waits for one
@@ -204,6 +241,7 @@ class GroupCommitter:
                     cut = i + 1
                     break
             await self._conn.execute("COMMIT")
+            self._preempting = False  # an interrupt that came too late changed nothing
         except asyncio.CancelledError:
             await self._rollback()
             for pending in live:
@@ -215,6 +253,13 @@ class GroupCommitter:
             raise
         except Exception as exc:
             await self._rollback()
+            if self._preempting and isinstance(exc, sqlite3.OperationalError):
+                self._preempting = False
+                self.preempted += 1
+                live[0].future.set_exception(Preempted(
+                    "rolled back to let a takeover's claim go first; run it again"))
+                return
+            self._preempting = False
             if len(live) > 1:
                 for pending in live:
                     await self._commit_group([pending])
@@ -240,6 +285,25 @@ class GroupCommitter:
         for pending, result in zip(live, results, strict=True):
             if not pending.future.done():
                 pending.future.set_result(result)
+
+    async def _run_preemptible(self, op: WriteOp[Any]) -> Any:
+        """Runs ``op`` (alone in its transaction), interrupting its statements
+        while an urgent write waits: it then fails with sqlite3's
+        OperationalError, which :meth:`_commit_group` turns into Preempted."""
+        task = asyncio.ensure_future(op(self._conn))
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=PREEMPT_POLL_S)
+                if done:
+                    return task.result()
+                if self._urgent:
+                    self._preempting = True
+                    await self._conn.interrupt()
+        finally:
+            if not task.done():  # the writer itself is being cancelled
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, sqlite3.Error):
+                    await task
 
     async def _rollback(self) -> None:
         """Ends a failed transaction; a rollback that fails too is only logged."""

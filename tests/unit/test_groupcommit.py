@@ -9,9 +9,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiosqlite
+import pytest
 import pytest_asyncio
 
-from services.stateserver.groupcommit import GroupCommitter
+from services.stateserver.groupcommit import GroupCommitter, Preempted
 
 
 @pytest_asyncio.fixture
@@ -97,3 +98,42 @@ async def test_a_group_in_progress_yields_to_an_urgent_write(committer: GroupCom
     assert order == ["w0", "w1", "w2", "claim", *(f"w{i}" for i in range(3, 10))]
     async with committer._conn.execute("SELECT COUNT(*) FROM t") as cursor:
         assert (await cursor.fetchone()) == (11,)
+
+
+async def test_an_urgent_write_preempts_a_long_preemptible_one(
+        committer: GroupCommitter, tmp_path: Path) -> None:
+    """A compaction fold gives way to a takeover's claim: its statement is
+    interrupted, its transaction rolled back, and the claim commits at once."""
+    started = asyncio.Event()
+
+    async def fold(conn: aiosqlite.Connection) -> int:
+        await conn.execute("INSERT INTO t VALUES ('fold')")
+        started.set()
+        # A statement of many seconds (a fold into a big base, in miniature).
+        rows = await conn.execute_fetchall(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+            "WHERE i < 2000000000) SELECT count(*) FROM n")
+        return int(next(iter(rows))[0])
+
+    queued = asyncio.ensure_future(committer.submit(insert("queued", [])))
+    folding = asyncio.ensure_future(committer.submit(fold, preemptible=True))
+    await started.wait()
+    claim = await asyncio.wait_for(committer.submit(insert("claim", []), urgent=True), 10)
+    assert claim is None
+    with pytest.raises(Preempted):
+        await folding
+    await queued
+    assert committer.preempted == 1
+    async with aiosqlite.connect(tmp_path / "db.sqlite3") as reader:
+        names = sorted(row[0] for row in await reader.execute_fetchall("SELECT name FROM t"))
+    assert names == ["claim", "queued"]  # nothing of the fold was stored
+
+
+async def test_a_preemptible_write_runs_alone_and_commits_when_not_preempted(
+        committer: GroupCommitter, tmp_path: Path) -> None:
+    order: list[str] = []
+    writes = [asyncio.ensure_future(committer.submit(insert(f"w{i}", order),
+                                                     preemptible=i == 5)) for i in range(10)]
+    await asyncio.gather(*writes)
+    assert order == [f"w{i}" for i in range(10)]  # in order, the preemptible one alone
+    assert committer.commits >= 3 and committer.preempted == 0
