@@ -146,7 +146,12 @@ class GroupCommitter:
         self._ready.set()
         if self._task.done():  # the writer stopped while we waited for queue space
             self._fail_queued()
-        return cast(_T, await future)
+        # Shielded: a caller that gives up (an RPC past its deadline) leaves
+        # its write queued, and it is committed. Every write is idempotent,
+        # so the caller's retry then finds it stored; dropping it instead made
+        # an overloaded store a livelock, each retry queueing past its
+        # deadline again (a window retried for 7 minutes at 10M keys).
+        return cast(_T, await asyncio.shield(future))
 
     async def flush(self) -> None:
         """Waits until every write queued before this call is committed."""
@@ -221,7 +226,7 @@ class GroupCommitter:
 
     async def _commit_group(self, group: list[_Pending]) -> None:
         """One transaction for the group; on any failure, each op again on its own."""
-        live = [p for p in group if not p.future.done()]  # callers that gave up are skipped
+        live = [p for p in group if not p.future.done()]  # failed at shutdown: skipped
         if all(pending.op is _noop for pending in live):  # only flushes: nothing to commit
             for pending in live:
                 pending.future.set_result(None)

@@ -137,3 +137,27 @@ async def test_a_preemptible_write_runs_alone_and_commits_when_not_preempted(
     await asyncio.gather(*writes)
     assert order == [f"w{i}" for i in range(10)]  # in order, the preemptible one alone
     assert committer.commits >= 3 and committer.preempted == 0
+
+
+async def test_a_write_whose_caller_gave_up_is_still_committed(
+        committer: GroupCommitter, tmp_path: Path) -> None:
+    """An RPC past its deadline leaves its (idempotent) write queued: it is
+    committed, so the caller's retry finds it stored instead of queueing past
+    its deadline again."""
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def slow(conn: aiosqlite.Connection) -> None:  # a long transaction in progress
+        started.set()
+        await release.wait()
+
+    busy = asyncio.ensure_future(committer.submit(slow))
+    await started.wait()
+    with pytest.raises(TimeoutError):  # the caller's deadline passes while it is queued
+        await asyncio.wait_for(committer.submit(insert("given up", [])), 0.05)
+    release.set()
+    await busy
+    await committer.flush()
+    async with aiosqlite.connect(tmp_path / "db.sqlite3") as reader:
+        names = [row[0] for row in await reader.execute_fetchall("SELECT name FROM t")]
+    assert names == ["given up"]
