@@ -106,8 +106,9 @@ class StateChunkOut:
     window_end: bool
 
 
-def _array_header(n: int) -> bytes:
-    """msgpack array header for ``n`` elements."""
+def array_header(n: int) -> bytes:
+    """msgpack array header for ``n`` elements: a reader builds an array out
+    of stored encodings by concatenation, without decoding them."""
     if n < 16:
         return bytes([0x90 | n])
     if n < 1 << 16:
@@ -124,7 +125,7 @@ def encode_rows(rows: list[Any], packed: bool) -> bytes:
     if packed:
         return pack([[s, k] if v is None else [s, k, v] for s, k, v in rows])
     stages: dict[str, bytes] = {}
-    parts = [_array_header(len(rows))]
+    parts = [array_header(len(rows))]
     append = parts.append
     for stage, key, value in rows:
         head = stages.get(stage)

@@ -28,7 +28,7 @@ from gridstream.codec import row_json, unpack
 from gridstream.errors import FailedPrecondition, InvalidArgument
 from gridstream.ids import first_row_version, key_text
 from gridstream.validation import short
-from services.stateserver.chains import _array_header
+from services.stateserver.chains import array_header
 from services.stateserver.layout import VersionedRow
 
 MAX_SOURCES = 64
@@ -79,7 +79,7 @@ def _decoded(key: bytes, value: bytes, operator_id: str) -> tuple[Any, Any]:
 def _rows_of(pairs: list[tuple[bytes, bytes]], prefix: str, version: int,
              operator_id: str) -> list[VersionedRow]:
     """Rows of (msgpack key, msgpack value) pairs, decoded in one C call."""
-    blob = _array_header(len(pairs)) + b"".join(b"\x92" + k + v for k, v in pairs)
+    blob = array_header(len(pairs)) + b"".join(b"\x92" + k + v for k, v in pairs)
     try:
         decoded = unpack(blob)
     except Exception:  # msgpack raises several unrelated types; find the entry
