@@ -214,7 +214,7 @@ class StateChains:
             await store._advance(conn, job_id, operator_id, window.epoch, 0)
             return result
 
-        created, deltas = await store._commit().submit(op)
+        created, deltas = await store._commit().submit(op, even_if_abandoned=True)
         if created and deltas > self.max_deltas and self.auto_compact:
             self._due.add((job_id, operator_id))
             self._wake.set()

@@ -131,10 +131,18 @@ class GroupCommitter:
         self._task = asyncio.create_task(self._run(), name="stateserver-group-commit")
 
     async def submit(self, op: WriteOp[_T], urgent: bool = False,
-                     preemptible: bool = False) -> _T:
+                     preemptible: bool = False, even_if_abandoned: bool = False) -> _T:
         """Queues a write and returns its result once its transaction is
         committed; an ``urgent`` one goes ahead of the queue, a
-        ``preemptible`` one gives way to an urgent one (see the module)."""
+        ``preemptible`` one gives way to an urgent one (see the module).
+
+        A caller that gives up (an RPC past its deadline) leaves its write
+        skipped, unless ``even_if_abandoned``: then it is committed anyway,
+        for writes whose late commit is harmless and whose retry finds them
+        stored (a window of keyed state: fenced, and stored once by its
+        number). Without it, an overloaded store was a livelock: a window's
+        every retry queued past its deadline again (a window retried for
+        418 s at 10M keys)."""
         if self._closing or self._task is None or self._task.done():
             raise Unavailable("the state store is shutting down; retry on another state server "
                               "or after restart")
@@ -146,12 +154,7 @@ class GroupCommitter:
         self._ready.set()
         if self._task.done():  # the writer stopped while we waited for queue space
             self._fail_queued()
-        # Shielded: a caller that gives up (an RPC past its deadline) leaves
-        # its write queued, and it is committed. Every write is idempotent,
-        # so the caller's retry then finds it stored; dropping it instead made
-        # an overloaded store a livelock, each retry queueing past its
-        # deadline again (a window retried for 7 minutes at 10M keys).
-        return cast(_T, await asyncio.shield(future))
+        return cast(_T, await (asyncio.shield(future) if even_if_abandoned else future))
 
     async def flush(self) -> None:
         """Waits until every write queued before this call is committed."""
@@ -226,7 +229,7 @@ class GroupCommitter:
 
     async def _commit_group(self, group: list[_Pending]) -> None:
         """One transaction for the group; on any failure, each op again on its own."""
-        live = [p for p in group if not p.future.done()]  # failed at shutdown: skipped
+        live = [p for p in group if not p.future.done()]  # callers that gave up are skipped
         if all(pending.op is _noop for pending in live):  # only flushes: nothing to commit
             for pending in live:
                 pending.future.set_result(None)

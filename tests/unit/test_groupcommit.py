@@ -141,9 +141,9 @@ async def test_a_preemptible_write_runs_alone_and_commits_when_not_preempted(
 
 async def test_a_write_whose_caller_gave_up_is_still_committed(
         committer: GroupCommitter, tmp_path: Path) -> None:
-    """An RPC past its deadline leaves its (idempotent) write queued: it is
+    """An RPC past its deadline leaves its window of state queued: it is
     committed, so the caller's retry finds it stored instead of queueing past
-    its deadline again."""
+    its deadline again; other writes of callers that gave up are skipped."""
     release = asyncio.Event()
     started = asyncio.Event()
 
@@ -154,7 +154,10 @@ async def test_a_write_whose_caller_gave_up_is_still_committed(
     busy = asyncio.ensure_future(committer.submit(slow))
     await started.wait()
     with pytest.raises(TimeoutError):  # the caller's deadline passes while it is queued
-        await asyncio.wait_for(committer.submit(insert("given up", [])), 0.05)
+        await asyncio.wait_for(committer.submit(insert("given up", []),
+                                                even_if_abandoned=True), 0.05)
+    with pytest.raises(TimeoutError):  # any other write of a caller that gave up is skipped
+        await asyncio.wait_for(committer.submit(insert("skipped", [])), 0.05)
     release.set()
     await busy
     await committer.flush()
