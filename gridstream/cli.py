@@ -105,7 +105,7 @@ async def _status(args: argparse.Namespace) -> int:
         if scheduler in metrics:
             print(f"scheduler {scheduler}, metrics http://{metrics[scheduler]}/metrics")
         print(f"{'member':<14}{'role':<13}{'state':<9}{'address':<22}{'partitions':>10}"
-              f"{'heartbeat age':>15}{'phi':>7}{'snapshots':>11}{'snapshot MB':>13}"
+              f"{'heartbeat age':>15}{'phi':>7}{'loop lag':>10}{'snapshots':>11}{'snapshot MB':>13}"
               + ("  metrics" if metrics else ""))
         for m in status.members:
             stored = (f"{m.snapshots:>11}{m.snapshot_bytes / 1e6:>13.2f}"
@@ -114,6 +114,7 @@ async def _status(args: argparse.Namespace) -> int:
             print(f"{m.member.node_id:<14}{ROLE_NAMES.get(m.member.role, '?'):<13}"
                   f"{STATE_NAMES.get(m.member.state, '?'):<9}{m.member.address:<22}"
                   f"{m.partitions_owned:>10}{m.last_heartbeat_age_s:>14.2f}s{m.phi:>7.2f}"
+                  f"{m.loop_lag_s:>9.2f}s"
                   f"{stored}{where}".rstrip())
         if status.events:
             print("\nrecent membership changes:")

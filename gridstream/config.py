@@ -48,6 +48,11 @@ class ClusterConfig:
     phi_threshold: float = 8.0
     """Phi-accrual suspicion level at which a member is declared dead."""
 
+    loop_stall_limit_s: float = 5.0
+    """Heartbeats come from a thread of their own, so a member whose event
+    loop is busy is not declared dead; a loop that has not run for this long
+    stops them, so that the work of a stuck member moves elsewhere."""
+
     backup_count: int = 1
     """Ring successors holding a copy of each JobContainer append."""
 
@@ -287,12 +292,18 @@ class Config:
 
     def validate(self) -> Config:
         """Checks value ranges, so a bad value fails at start and names its key."""
+        for key, value in _floats(self):
+            if not math.isfinite(value):
+                raise ConfigError(f"config key {key} must be a finite number, not {value}")
         checks: list[tuple[str, bool, str]] = [
             ("cluster.window_size", self.cluster.window_size >= 1, "must be >= 1"),
             ("cluster.partitions", 1 <= self.cluster.partitions <= 4096, "must be 1..4096"),
             ("cluster.virtual_nodes", self.cluster.virtual_nodes >= 1, "must be >= 1"),
             ("cluster.heartbeat_interval_s", self.cluster.heartbeat_interval_s > 0, "must be > 0"),
             ("cluster.phi_threshold", self.cluster.phi_threshold > 0, "must be > 0"),
+            ("cluster.loop_stall_limit_s",
+             self.cluster.loop_stall_limit_s > 3 * self.cluster.heartbeat_interval_s,
+             "must be more than 3 x cluster.heartbeat_interval_s"),
             ("cluster.backup_count", self.cluster.backup_count >= 0, "must be >= 0"),
             ("cluster.replica_count", self.cluster.replica_count >= 1, "must be >= 1"),
             ("worker.queue_max_records", self.worker.queue_max_records >= 1, "must be >= 1"),
@@ -320,9 +331,6 @@ class Config:
         for key, ok, why in checks:
             if not ok:
                 raise ConfigError(f"config key {key} {why}")
-        for key, value in _floats(self):
-            if not math.isfinite(value):
-                raise ConfigError(f"config key {key} must be a finite number, not {value}")
         for module in self.cluster.job_modules:
             if not _MODULE_NAME.match(module):
                 raise ConfigError(f"config key cluster.job_modules: {module!r} is not a module "

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from gridstream.auth import load_cluster_secret, member_credentials
+from gridstream.auth import MEMBER_METADATA, load_cluster_secret, member_credentials
 from gridstream.config import SecurityConfig
 from gridstream.errors import GridstreamError, Unavailable
 
@@ -116,6 +116,24 @@ def open_channel(address: str, security: SecurityConfig | None = None) -> grpc.a
                                        options=CHANNEL_OPTIONS, interceptors=interceptors)
     return grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS,
                                      interceptors=interceptors)
+
+
+def open_blocking_channel(address: str) -> grpc.Channel:
+    """A blocking (not asyncio) channel with this process's settings, for a
+    thread that must not wait for the event loop (heartbeats). Its calls
+    carry no interceptors: pass :func:`member_metadata` with each call."""
+    security = _process_security
+    if security.tls:
+        return grpc.secure_channel(address, channel_credentials(security),
+                                   options=CHANNEL_OPTIONS)
+    return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+
+
+def member_metadata() -> tuple[tuple[str, str], ...]:
+    """The call metadata that presents this process's cluster secret (empty
+    without one): what :func:`open_channel`'s interceptors add to each call."""
+    secret = member_secret(_process_security, own=True)
+    return ((MEMBER_METADATA, secret),) if secret else ()
 
 
 def server_credentials(security: SecurityConfig) -> grpc.ServerCredentials:

@@ -1,6 +1,6 @@
 """What every gridstream service process shares: the gRPC server with health
-checking and reflection, registration and heartbeats to the scheduler, logging,
-signal handling and the ready file that supervisors wait on."""
+checking and reflection, logging, signal handling and the ready file that
+supervisors wait on (registration and heartbeats: :mod:`gridstream.member`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,6 @@ import logging
 import os
 import signal
 import sys
-import time
-import uuid
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -25,7 +23,6 @@ from grpc_reflection.v1alpha import reflection
 from gridstream import rpc
 from gridstream.auth import CallGuard, load_cluster_secret, load_tokens
 from gridstream.config import ConfigError, SecurityConfig, check_bind
-from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -146,105 +143,6 @@ def write_ready_file(path: str | None, **fields: Any) -> None:
     tmp = target.with_suffix(".tmp")
     tmp.write_text(json.dumps({"pid": os.getpid(), **fields}))
     tmp.replace(target)
-
-
-class MemberAgent:
-    """Registers a member with the scheduler and sends heartbeats.
-
-    Keeps going through scheduler restarts: a failed heartbeat is retried on
-    the next tick, and a scheduler that no longer knows the member (the
-    ``reregister`` flag) gets a fresh registration. ``on_epoch`` is called
-    with the epoch of every answer; the callee decides whether it is news.
-    """
-
-    def __init__(
-        self,
-        scheduler_address: str,
-        node_id: str,
-        role: int,
-        address: str,
-        on_epoch: Callable[[int], Coroutine[Any, Any, None]] | None = None,
-        on_fence: Callable[[], Coroutine[Any, Any, None]] | None = None,
-        heartbeat_fields: Callable[[], dict[str, Any]] | None = None,
-    ) -> None:
-        self.scheduler_address = scheduler_address
-        self._heartbeat_fields = heartbeat_fields
-        self.node_id = node_id
-        self.role = role
-        self.address = address
-        self.incarnation = uuid.uuid4().hex
-        self.epoch = 0
-        self.interval_s = 0.25
-        self._on_epoch = on_epoch
-        self._on_fence = on_fence
-        self._channel = rpc.open_channel(scheduler_address)
-        self._stub = scheduler_pb2_grpc.SchedulerStub(self._channel)
-        self.registered = asyncio.Event()
-
-    async def _register(self) -> None:
-        response = await self._stub.Register(
-            scheduler_pb2.RegisterRequest(
-                node_id=self.node_id,
-                role=self.role,  # type: ignore[arg-type]
-                address=self.address,
-                incarnation=self.incarnation,
-            ),
-            timeout=rpc.CONTROL_TIMEOUT_S,
-        )
-        self.interval_s = max(0.01, response.heartbeat_interval_ms / 1000)
-        self.registered.set()
-        log.info("registered with scheduler at %s, epoch %d", self.scheduler_address,
-                 response.epoch)
-        await self._observe_epoch(response.epoch)
-
-    async def _observe_epoch(self, epoch: int) -> None:
-        self.epoch = max(self.epoch, epoch)
-        if self._on_epoch is not None:
-            await self._on_epoch(epoch)
-
-    async def run(self) -> None:
-        """Registers (retrying until the scheduler answers), then heartbeats forever."""
-        next_beat = time.monotonic()
-        while True:
-            try:
-                if not self.registered.is_set():
-                    await self._register()
-                else:
-                    response = await self._stub.Heartbeat(
-                        scheduler_pb2.HeartbeatRequest(
-                            node_id=self.node_id, incarnation=self.incarnation, epoch=self.epoch,
-                            **(self._heartbeat_fields() if self._heartbeat_fields else {}),
-                        ),
-                        timeout=max(rpc.HEARTBEAT_TIMEOUT_S, self.interval_s * 2),
-                    )
-                    if response.reregister:
-                        log.warning("scheduler asked %s to register again (declared dead or "
-                                    "unknown); fencing before rejoining", self.node_id)
-                        if self._on_fence is not None:
-                            await self._on_fence()
-                        self.registered.clear()
-                        continue
-                    await self._observe_epoch(response.epoch)
-            except grpc.aio.AioRpcError as exc:
-                log.debug("heartbeat to scheduler failed: %s", exc.code().name)
-            next_beat += self.interval_s
-            await asyncio.sleep(max(0.0, next_beat - time.monotonic()))
-            next_beat = max(next_beat, time.monotonic() - self.interval_s)
-
-    async def close(self) -> None:
-        """Tells the scheduler this member is stopping on purpose (so an
-        operator's restart is not logged as a failure), then closes the
-        channel. Best effort: a scheduler that is down learns it from silence."""
-        if self.registered.is_set():
-            try:
-                await self._stub.Heartbeat(
-                    scheduler_pb2.HeartbeatRequest(node_id=self.node_id,
-                                                   incarnation=self.incarnation,
-                                                   epoch=self.epoch, stopping=True),
-                    timeout=rpc.HEARTBEAT_TIMEOUT_S)
-            except grpc.aio.AioRpcError as exc:
-                log.debug("announcing the stop to the scheduler failed: %s", exc.code().name)
-        await self._channel.close()
 
 
 PARENT_PID_ENV = "GRIDSTREAM_PARENT_PID"

@@ -230,13 +230,17 @@ class MemberStatus:
     """The failure detector's suspicion (phi accrual)."""
     snapshots: int = 0
     snapshot_bytes: int = 0
+    loop_lag_s: float = 0.0
+    """Worst lateness of its event loop between its last two heartbeats: a
+    busy member keeps beating (heartbeats have a thread of their own), and
+    this says how busy it is."""
 
     @classmethod
     def from_proto(cls, message: scheduler_pb2.MemberStatus) -> MemberStatus:
         """Converts one member's status."""
         return cls(Member.from_proto(message.member), message.partitions_owned,
                    message.last_heartbeat_age_s, message.phi, message.snapshots,
-                   message.snapshot_bytes)
+                   message.snapshot_bytes, message.loop_lag_ms / 1000)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ def console_state(monitor: Monitor, window_s: float = DEFAULT_WINDOW_S) -> dict[
         "state": STATES.get(m.member.state, "?"),
         "phi": finite(round(m.phi, 2)),
         "heartbeat_age_s": round(m.last_heartbeat_age_s, 2),
+        "loop_lag_s": round(m.loop_lag_ms / 1000, 2),
         "partitions": m.partitions_owned,
         "snapshots": m.snapshots,
     } for m in status.members]

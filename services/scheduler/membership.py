@@ -35,6 +35,8 @@ class MemberRecord:
     """State servers: window snapshots held, from the last heartbeat."""
     snapshot_bytes: int = 0
     """State servers: bytes of those snapshots."""
+    loop_lag_ms: int = 0
+    """Worst lateness of its event loop, from the last heartbeat."""
 
 
 @dataclass(frozen=True)

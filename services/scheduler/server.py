@@ -211,10 +211,14 @@ class SchedulerCore:
         phi = gauge("gridstream_member_phi", "Phi-accrual suspicion of each member",
                     ["node", "role"])
         state = gauge("gridstream_member_state", "1 alive, 2 suspect, 3 dead", ["node", "role"])
+        lag = gauge("gridstream_member_loop_lag_seconds",
+                    "Worst event-loop lateness a member reported in its last heartbeat",
+                    ["node", "role"])
         for record in self.membership.members.values():
             labels = [record.node_id, "worker" if record.role == 1 else "stateserver"]
             phi.add_metric(labels, self.membership.detector.phi(record.node_id, now))
             state.add_metric(labels, record.state)
+            lag.add_metric(labels, record.loop_lag_ms / 1000)
         detections = counter("gridstream_detections", "Members declared dead", [])
         detections.add_metric([], self.detections)
         epoch = gauge("gridstream_routing_epoch", "Current routing-table epoch", [])
@@ -223,7 +227,7 @@ class SchedulerCore:
         for name, value in (("running", 1), ("cancelled", 2), ("failed", 3)):
             jobs.add_metric([name], sum(1 for j in self.registry.jobs.values()
                                         if j.state == value))
-        return [phi, state, detections, epoch, jobs]
+        return [phi, state, lag, detections, epoch, jobs]
 
     def announced(self, node_id: str) -> bool:
         """True when the member's current incarnation said it was stopping:
@@ -414,7 +418,8 @@ class SchedulerCore:
                 partitions_owned=owned.get(record.node_id, 0),
                 last_heartbeat_age_s=now - record.last_heartbeat,
                 phi=self.membership.detector.phi(record.node_id, now),
-                snapshots=record.snapshots, snapshot_bytes=record.snapshot_bytes))
+                snapshots=record.snapshots, snapshot_bytes=record.snapshot_bytes,
+                loop_lag_ms=record.loop_lag_ms))
         return scheduler_pb2.ClusterStatus(
             epoch=self.membership.epoch, members=members,
             jobs=[j.to_proto() for j in self.registry.jobs.values()],
@@ -451,6 +456,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if known and record is not None:
             record.snapshots = request.snapshots
             record.snapshot_bytes = request.snapshot_bytes
+            record.loop_lag_ms = request.loop_lag_ms
             if request.failing:
                 await self.core.failing_tasks(request.node_id, request.failing)
         return scheduler_pb2.HeartbeatResponse(epoch=self.core.membership.epoch,

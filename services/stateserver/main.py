@@ -19,11 +19,11 @@ from pathlib import Path
 
 from gridstream import rpc
 from gridstream.config import Config, ConfigError, load_config
+from gridstream.member import MemberAgent
 from gridstream.metrics import Metric, MetricsServer, counter, gauge
 from gridstream.routing import RoutingView
 from gridstream.service import (
     RETIRED_EXIT_CODE,
-    MemberAgent,
     ServiceHost,
     run_service,
     setup_logging,
@@ -198,6 +198,7 @@ async def serve(options: Options, stop: asyncio.Event) -> bool:
             config.scheduler_address, settings.node_id,
             scheduler_pb2.MEMBER_ROLE_STATE_SERVER, address, on_epoch=on_epoch,
             on_fence=on_fence, heartbeat_fields=heartbeat_fields,
+            loop_stall_limit_s=config.cluster.loop_stall_limit_s,
         )
         if not options.standalone:
             sync = ReplicaSync(

@@ -11,10 +11,10 @@ from dataclasses import replace
 
 from gridstream import jobspec, rpc
 from gridstream.config import Config, ConfigError, load_config
+from gridstream.member import MemberAgent
 from gridstream.metrics import MetricsServer
 from gridstream.routing import RoutingView
 from gridstream.service import (
-    MemberAgent,
     ServiceHost,
     run_service,
     setup_logging,
@@ -80,7 +80,8 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
             address = f"{config.worker.advertise_host or config.worker.host}:{port}"
             agent = MemberAgent(config.scheduler_address, node_id,
                                 scheduler_pb2.MEMBER_ROLE_WORKER, address, node.on_epoch,
-                                node.fence, heartbeat_fields=node.heartbeat_fields)
+                                node.fence, heartbeat_fields=node.heartbeat_fields,
+                                loop_stall_limit_s=config.cluster.loop_stall_limit_s)
             agent_task = group.create_task(agent.run(), name="heartbeats")
             trackers_task = group.create_task(node.trackers.run(), name="trackers")
             lag = group.create_task(LoopLagMonitor(config.cluster.heartbeat_interval_s).run(),

@@ -49,6 +49,7 @@ async def test_metrics_endpoints_expose_the_named_series(cluster: LocalCluster,
     assert total("gridstream_tracked_roots ") == 0
     scheduler_text = await asyncio.to_thread(scrape, cluster.members["scheduler"].metrics_address)
     for series in ("gridstream_member_phi", "gridstream_member_state",
+                   "gridstream_member_loop_lag_seconds",
                    "gridstream_detections_total", "gridstream_routing_epoch"):
         assert series in scheduler_text, series
     state_text = await asyncio.to_thread(scrape, cluster.members["state-1"].metrics_address)

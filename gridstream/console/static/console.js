@@ -53,6 +53,7 @@ function renderMembers(state) {
     el("td", {}, m.node_id), el("td", {}, m.role),
     el("td", { class: "state state-" + m.state }, m.state),
     el("td", {}, num(m.phi, 2)), el("td", {}, num(m.heartbeat_age_s, 2) + " s ago"),
+    el("td", {}, num(m.loop_lag_s, 2) + " s"),
     el("td", {}, m.role === "worker" ? num(m.partitions) : "—"), el("td", {}, m.address)));
   document.getElementById("members").replaceChildren(...rows);
 }
