@@ -262,6 +262,9 @@ class OperatorChain:
         self.windows: list[WindowStep | TableJoinStep | WindowJoinStep | TimerStep] = []
         """The chain's window stages (told each batch's channel and watermark)."""
         self.has_sink = bool(stages) and stages[-1].kind == "sink"
+        self.rows_wanted = True
+        """False when the task's result rows are read from its stored state
+        (taskplan.results_from_state): building them per batch would be waste."""
         self.append_sink = self.has_sink and stages[-1].mode == "append"
         """An append sink keeps every record: rows by batch and index, as the
         rows of records without a key are, never merged by key."""
@@ -366,7 +369,9 @@ class OperatorChain:
             keys, values = step(keys, values, dead)
         result = ChainResult(keys, values, dead_letters=dead_list)
         if self.has_sink:
-            if keys is None or self.append_sink or self.file_sink:
+            if not self.rows_wanted:
+                result.sink_rows = {}
+            elif keys is None or self.append_sink or self.file_sink:
                 result.sink_rows = {f"{batch_id}:{i}": v for i, v in enumerate(values)}
             else:
                 result.sink_rows = dict(zip(keys, values, strict=True))

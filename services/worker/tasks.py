@@ -123,6 +123,7 @@ class TaskRunner:
         """Every edge the task's output goes on (none for a task ending in a sink)."""
         self.row_prefix = sink_row_prefix(spec, stages)
         self.rows_from_state = results_from_state(spec, stages) is not None  # none written
+        self.chain.rows_wanted = not self.rows_from_state
         self.event_inputs = event_inputs(spec, task_index, partition)  # None: hears no time
         self.files = writer_of(self.chain, job_id, partition, lambda: self.chain,
                                lambda: self.epoch, self.operator_id)
