@@ -87,7 +87,8 @@ class ClusterConfig:
     tracking_flush_s: float = 0.5
     """A task that has processed batches whose tracking reports wait for a
     durable window closes its window after at most this long, even before W
-    records: trees complete within about this much of their last batch."""
+    records: trees complete within about this much of their last batch. A
+    drain does not wait for it: it asks the tasks to close such windows now."""
 
     job_modules: tuple[str, ...] = ("gridstream.builtins", "gridstream.examples")
     """Modules (or packages, with everything below them) whose functions jobs

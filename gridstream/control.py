@@ -77,12 +77,15 @@ class ControlCalls:
         """Per-task counters and whether the job has drained."""
         return JobProgress.from_proto(await self.progress_message(job_id))
 
-    async def progress_message(self, job_id: str) -> scheduler_pb2.JobProgress:
+    async def progress_message(self, job_id: str, flush: bool = False
+                               ) -> scheduler_pb2.JobProgress:
         """:meth:`progress` as the protocol's message, for tools that share
-        code with the scheduler."""
+        code with the scheduler. ``flush`` (what :meth:`drain` asks): tasks
+        close their pending windows now rather than after a timer."""
         progress: scheduler_pb2.JobProgress = await self._call(
             f"progress of {job_id}", self._scheduler.GetJobProgress,
-            scheduler_pb2.GetJobProgressRequest(job_id=job_id), rpc.CONTROL_TIMEOUT_S * 2,
+            scheduler_pb2.GetJobProgressRequest(job_id=job_id, flush=flush),
+            rpc.CONTROL_TIMEOUT_S * 2,
         )
         return progress
 
@@ -109,7 +112,7 @@ class ControlCalls:
         previous: tuple[int, ...] | None = None
         while True:
             try:
-                progress = await self.progress(job_id)
+                progress = JobProgress.from_proto(await self.progress_message(job_id, True))
             except (Unavailable, DeadlineExceeded) as exc:
                 if time.monotonic() > deadline:
                     raise DeadlineExceeded(

@@ -352,14 +352,15 @@ class SchedulerCore:
                                 exc.code().name)
         return record
 
-    async def progress(self, job_id: str) -> scheduler_pb2.JobProgress:
+    async def progress(self, job_id: str, flush: bool = False) -> scheduler_pb2.JobProgress:
         """Gathers task counters from every live worker and decides if the job
         has drained (the rule is ``progress.drain_verdict``). Also not drained:
         a worker that could not be asked, a job that is not running, or an
-        epoch that moved while the counters were gathered."""
+        epoch that moved while the counters were gathered. ``flush``: the
+        caller is draining; workers close pending windows of the job now."""
         record = self.job(job_id)
         epoch = self.membership.epoch
-        request = worker_pb2.GetTaskProgressRequest(job_id=job_id)
+        request = worker_pb2.GetTaskProgressRequest(job_id=job_id, flush=flush)
         unreachable: list[str] = []
 
         async def ask(node_id: str, address: str) -> list[common_pb2.TaskProgress]:
@@ -506,7 +507,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
     async def GetJobProgress(self, request: scheduler_pb2.GetJobProgressRequest,
                              context: grpc.aio.ServicerContext) -> scheduler_pb2.JobProgress:
         """Per-task counters and the drained verdict."""
-        return await self.core.progress(request.job_id)
+        return await self.core.progress(request.job_id, request.flush)
 
     @servicer_method
     async def GetClusterStatus(self, request: scheduler_pb2.GetClusterStatusRequest,

@@ -266,8 +266,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def GetTaskProgress(
         self, request: worker_pb2.GetTaskProgressRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.GetTaskProgressResponse:
-        """Counters of the job's tasks hosted here."""
+        """Counters of the job's tasks hosted here; with ``flush``, their
+        pending windows are closed first (someone is draining the job)."""
         check_id(request.job_id, "job_id")
+        runtime = self.node.jobs.get(request.job_id) if request.flush else None
+        for runner in runtime.runners.values() if runtime is not None else ():
+            await runner.flush_soon()
         return worker_pb2.GetTaskProgressResponse(
             tasks=self.node.progress(request.job_id), epoch=self.node.routing.epoch
         )

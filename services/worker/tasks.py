@@ -494,6 +494,14 @@ class TaskRunner:
         """The batch's tracking id (a hash of its identity)."""
         return tuple_id(self.task_index, self.partition, entry.channel, entry.sequence)
 
+    async def flush_soon(self) -> None:
+        """Closes the window at once if it holds processed batches whose
+        tracking reports wait for it: a caller is draining the job, so there
+        is no point waiting for ``tracking_flush_s``."""
+        if self.tracking is not None and self.tracking.unreported and self.window.batches:
+            self._close_requested = True
+            await self.container.poke()
+
     async def _flush_timer(self) -> None:
         """Closes the window when processed batches have waited ``tracking_flush_s``
         for a durable window, so their trees can complete without more input."""
