@@ -97,6 +97,31 @@ def _rows_of(pairs: list[tuple[bytes, bytes]], prefix: str, version: int,
     return rows
 
 
+async def _current_pages(conn: aiosqlite.Connection, params: tuple[str, str, str],
+                         page_rows: int) -> AsyncIterator[list[tuple[bytes, bytes]]]:
+    """Every live (key, value) of one operator's stage, a page at a time:
+    the base with each key's newest delta value in its place (a key deleted
+    since the base left out), then the keys only the deltas hold."""
+    newer: dict[bytes, bytes | None] = {
+        bytes(k): (None if v is None else bytes(v))
+        for k, v in await conn.execute_fetchall(
+            "SELECT key, value FROM state_delta_entries WHERE job_id = ? AND "
+            'operator_id = ? AND stage = ? ORDER BY "window"', params)}
+    async with conn.execute(
+        "SELECT key, value FROM state_entries WHERE job_id = ? AND operator_id = ? "
+        "AND stage = ?", params,
+    ) as cursor:
+        while base := list(await cursor.fetchmany(page_rows)):
+            page = []
+            for key, value in base:
+                key = bytes(key)
+                current = newer.pop(key, value) if newer else value
+                if current is not None:
+                    page.append((key, bytes(current)))
+            yield page
+    yield [(key, value) for key, value in newer.items() if value is not None]
+
+
 async def read_state_rows(
     path: str | Path, job_id: str, sources: Sequence[tuple[str, str]], chunk_rows: int,
     chunk_bytes: int,
@@ -124,37 +149,14 @@ async def read_state_rows(
         for operator_id, head_window in heads:
             version = first_row_version(int(head_window))
             for stage, prefix in sources:
-                params = (job_id, operator_id, stage)
-                newer: dict[bytes, bytes | None] = {
-                    bytes(k): (None if v is None else bytes(v))
-                    for k, v in await conn.execute_fetchall(
-                        "SELECT key, value FROM state_delta_entries WHERE job_id = ? AND "
-                        'operator_id = ? AND stage = ? ORDER BY "window"', params)}
-                async with conn.execute(
-                    "SELECT key, value FROM state_entries WHERE job_id = ? AND operator_id = ? "
-                    "AND stage = ?", params,
-                ) as cursor:
-                    while page := list(await cursor.fetchmany(chunk_rows)):
-                        for key, value in page:
-                            key = bytes(key)
-                            current = newer.pop(key, value) if newer else value
-                            if current is None:
-                                continue  # deleted since the base
-                            pending.append((key, bytes(current)))
-                            size += len(key) + len(current)
-                            if len(pending) >= chunk_rows or size >= chunk_bytes:
-                                yield _rows_of(pending, prefix, version, operator_id)
-                                pending, size = [], 0
-                                await asyncio.sleep(0)
-                for key, value in newer.items():  # keys the base does not hold
-                    if value is None:
-                        continue
-                    pending.append((key, value))
-                    size += len(key) + len(value)
-                    if len(pending) >= chunk_rows or size >= chunk_bytes:
-                        yield _rows_of(pending, prefix, version, operator_id)
-                        pending, size = [], 0
-                        await asyncio.sleep(0)
+                async for page in _current_pages(conn, (job_id, operator_id, stage), chunk_rows):
+                    for key, value in page:
+                        pending.append((key, value))
+                        size += len(key) + len(value)
+                        if len(pending) >= chunk_rows or size >= chunk_bytes:
+                            yield _rows_of(pending, prefix, version, operator_id)
+                            pending, size = [], 0
+                            await asyncio.sleep(0)
                 if pending:
                     yield _rows_of(pending, prefix, version, operator_id)
                     pending, size = [], 0
