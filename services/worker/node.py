@@ -246,6 +246,7 @@ class WorkerNode:
         await failed.container.close()
         if self._stopped(failed):  # stopped while the container closed
             raise asyncio.CancelledError
+        await self._await_ownership(failed)
         if failed.ready.is_set():
             self.retired[failed.key] = failed.container
         runtime = self.jobs[failed.job_id]
@@ -254,6 +255,20 @@ class WorkerNode:
         runner.last_error = error or failed.last_error
         runtime.runners[(failed.task_index, failed.partition)] = runner
         return runner
+
+    async def _await_ownership(self, failed: TaskRunner) -> None:
+        """Returns once the routing table this worker holds gives ``failed``'s
+        partition to this worker. A table can arrive (a refresh by a shuffle
+        or a replicator) before the tasks are aligned with it: a task
+        superseded meanwhile must not start again at that table's epoch,
+        where another worker owns the partition, or two owners would claim
+        it at the same epoch (one fence cannot tell them apart) and number
+        their windows alike. Aligning stops it instead (CancelledError)."""
+        backoff = Backoff(f"waiting to own {failed.operator_id} again", 0.05, 0.5)
+        while self.routing.owner(failed.job_id, failed.partition) != self.node_id:
+            if self._stopped(failed):
+                raise asyncio.CancelledError
+            await backoff.wait()
 
     async def sync(self) -> None:
         """Brings hosted jobs and tasks in line with the routing table."""

@@ -13,7 +13,11 @@ With fewer than ``backup_count`` other live workers, nothing is committed:
 the container *waits* for holders (a restarted worker, or a new one) rather
 than acknowledge a batch with fewer copies than promised. Senders are told so
 (UNAVAILABLE, naming the shortfall) when their push deadline passes, and
-retry; :attr:`Replicator.shortfall` says it for status and logs.
+retry; :attr:`Replicator.shortfall` says it for status and logs. Nor does a
+primary commit once the routing table its worker holds gives the partition to
+another worker (its task is about to be handed off): the holders it would
+compute are the new owner's backups, often this very worker, and a batch
+acknowledged then would have a single copy.
 
 Backup side — :class:`BackupStore`: holds the copies, serves them to whoever
 takes the partition over (:meth:`WorkerNode.fetch_container`), and drops
@@ -165,7 +169,8 @@ class Replicator:
         self.synced_epoch = 0
         self._wake = asyncio.Event()
         self.shortfall = ""
-        """Why nothing can be committed now (too few live holders), or empty."""
+        """Why nothing can be committed now (too few live holders, or the
+        partition moved to another worker), or empty."""
 
     def notify(self) -> None:
         """Something was appended (or a snapshot became durable)."""
@@ -176,6 +181,16 @@ class Replicator:
         job_id, _, partition = self.key
         return self.routing.backups(job_id, partition, self.backup_count)
 
+    def moved_to(self) -> str | None:
+        """The worker the routing table this worker holds gives the partition
+        to when that is not this worker ("" when the table lists no owner),
+        or None while this worker owns it. A table can reach this worker
+        (a replicator's or a shuffle's refresh) before its tasks are aligned
+        with it; meanwhile :meth:`holders` are another owner's backups."""
+        job_id, _, partition = self.key
+        owner = self.routing.owner(job_id, partition)
+        return None if owner == self.node_id else (owner or "")
+
     async def run(self) -> None:
         """Replicates until cancelled; owned by the task runner. Every round
         contacts every holder, even with nothing new to send, so a holder
@@ -183,6 +198,7 @@ class Replicator:
         backoff = Backoff(f"replicating {self.container.container_id}", first_s=0.02, max_s=0.5)
         failing_since = 0.0
         shortfall_since, warned = 0.0, False
+        moved_since = 0  # the epoch at which the partition was last seen moved away
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -197,9 +213,35 @@ class Replicator:
             end = self.container.next_offset
             sequences = self.container.sequences()
             holders = self.holders()
+            moved_to = self.moved_to()
+            if moved_to is not None:
+                # The table this worker holds gives the partition to another
+                # worker; the task is stopped once the worker aligns with it,
+                # which can take a while on a loaded machine. The holders
+                # computed now are the *new* owner's backups — this worker
+                # itself, typically, when the partition goes back to a
+                # restarted worker — so committing now would acknowledge
+                # batches whose only copy is here, and a single failure of
+                # this worker before the new owner has fetched the log would
+                # lose them. Commit nothing: the senders get no acknowledgement
+                # and send again to the new owner.
+                if moved_since != epoch:
+                    moved_since = epoch
+                    log.info("%s: the routing table at epoch %d gives the partition to %s; "
+                             "committing nothing more here until the task is handed off",
+                             self.container.container_id, epoch, moved_to or "nobody")
+                self.shortfall = (f"the routing table at epoch {epoch} gives the partition "
+                                  f"to {moved_to or 'nobody'}")
+                shortfall_since = 0.0
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.5):
+                        await self._wake.wait()
+                self._wake.set()
+                continue
+            moved_since = 0
             if len(holders) < self.backup_count:
                 now = time.monotonic()
-                if not self.shortfall:
+                if not shortfall_since:
                     shortfall_since, warned = now, False
                     log.info("%s: only %d of backup_count=%d backup holders are live; "
                              "holding appends uncommitted until enough workers are back",
@@ -220,7 +262,7 @@ class Replicator:
                 with contextlib.suppress(Exception):
                     await self.routing.refresh()
                 continue
-            self.shortfall = ""
+            self.shortfall, shortfall_since = "", 0.0
             try:
                 await asyncio.gather(
                     *(self._sync(holder, end, sequences) for holder in holders)
