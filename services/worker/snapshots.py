@@ -166,6 +166,30 @@ FREEZE_AFTER_ENTRIES = 50_000
 """A restore applying this many keys or more ends with ``gc.freeze()``."""
 
 
+_grown_since_freeze = 0
+"""Keys added to keyed state on this worker since the last ``gc.freeze()``."""
+
+
+def freeze_grown_state(grown: int) -> bool:
+    """Counts ``grown`` keys added to keyed state (by processing, not by a
+    restore); once :data:`FREEZE_AFTER_ENTRIES` have been added since the
+    last freeze, moves everything alive out of the cyclic collector's sight.
+
+    Keyed state lives as long as its task. Left in sight, it is walked again
+    by every full collection, and a state built up to millions of keys makes
+    each of those hold the loop for a large part of a second. The young
+    generations are collected first (cheap), so cycles that are already
+    garbage are freed rather than frozen. Returns whether it froze."""
+    global _grown_since_freeze
+    _grown_since_freeze += max(0, grown)
+    if _grown_since_freeze < FREEZE_AFTER_ENTRIES:
+        return False
+    _grown_since_freeze = 0
+    gc.collect(1)
+    gc.freeze()
+    return True
+
+
 _collector_pauses = 0
 """Restores applying state right now (the collector runs again at zero)."""
 

@@ -62,6 +62,7 @@ from services.worker.snapshots import (
     PendingSnapshot,
     Persister,
     WindowSnapshot,
+    freeze_grown_state,
 )
 from services.worker.standby import Standby, StandbyShipper
 from services.worker.taskprogress import task_progress
@@ -176,6 +177,7 @@ class TaskRunner:
         self._report_wake = asyncio.Event()
         self._close_requested = False
         self._last_close = time.monotonic()
+        self._state_keys = 0  # keys held at the last window close
         self._needs_rebuild: set[int] = set()
         self.invocations = 0
         self.latency = Histogram()  # ingest to sink, seconds (sink tasks only)
@@ -415,6 +417,8 @@ class TaskRunner:
         parent = None if self.persister.needs_root else self.persister.head
         changes = (self.chain.capture_delta() if parent is not None
                    else self.chain.capture_full())
+        size, self._state_keys = self._state_keys, sum(map(len, self.chain.states.values()))
+        freeze_grown_state(self._state_keys - size)
         header = codec.pack({
             "window": self.window.window,
             "offset": offset,

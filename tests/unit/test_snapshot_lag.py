@@ -20,9 +20,11 @@ from services.stateserver.rows import decode_state_entries
 from services.stateserver.store import SnapshotStore
 from services.worker.operators import DELETED, OperatorChain
 from services.worker.snapshots import (
+    FREEZE_AFTER_ENTRIES,
     PendingSnapshot,
     apply_stored,
     collector_paused,
+    freeze_grown_state,
     pack_changes,
 )
 
@@ -135,3 +137,20 @@ def test_the_collector_is_off_while_restores_apply_and_back_after_the_last() -> 
             assert not gc.isenabled()
         assert not gc.isenabled()  # the first one is still applying
     assert gc.isenabled()
+
+
+def test_state_grown_by_processing_leaves_the_collectors_sight() -> None:
+    freeze_grown_state(FREEZE_AFTER_ENTRIES)  # whatever earlier tests counted: a fresh start
+    gc.unfreeze()
+    try:
+        state = {f"key-{i}": [i, str(i)] for i in range(FREEZE_AFTER_ENTRIES)}
+        assert not freeze_grown_state(FREEZE_AFTER_ENTRIES // 2)
+        assert gc.get_freeze_count() == 0
+        assert freeze_grown_state(FREEZE_AFTER_ENTRIES - FREEZE_AFTER_ENTRIES // 2)
+        frozen = gc.get_freeze_count()
+        assert frozen >= len(state)  # the state's values at least
+        assert not freeze_grown_state(-FREEZE_AFTER_ENTRIES)  # shrinking counts nothing
+        assert not freeze_grown_state(FREEZE_AFTER_ENTRIES - 1)
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
