@@ -231,9 +231,9 @@ class MemberStatus:
     snapshots: int = 0
     snapshot_bytes: int = 0
     loop_lag_s: float = 0.0
-    """Worst lateness of its event loop between its last two heartbeats: a
+    """Worst lateness of its event loop reported in about the last 10 s: a
     busy member keeps beating (heartbeats have a thread of their own), and
-    this says how busy it is."""
+    this says how busy it has been."""
 
     @classmethod
     def from_proto(cls, message: scheduler_pb2.MemberStatus) -> MemberStatus:

@@ -18,6 +18,10 @@ _STATE_OF = {
 }
 
 
+LOOP_LAG_MEMORY_S = 10.0
+"""How long a member's worst reported event-loop lag stays in its status."""
+
+
 @dataclass
 class MemberRecord:
     """What the scheduler knows of one member."""
@@ -36,7 +40,16 @@ class MemberRecord:
     snapshot_bytes: int = 0
     """State servers: bytes of those snapshots."""
     loop_lag_ms: int = 0
-    """Worst lateness of its event loop, from the last heartbeat."""
+    """Worst lateness of its event loop its heartbeats reported lately (see
+    :meth:`note_loop_lag`)."""
+    loop_lag_at: float = 0.0
+
+    def note_loop_lag(self, lag_ms: int, now: float) -> None:
+        """Keeps the worst loop lag reported in the last
+        :data:`LOOP_LAG_MEMORY_S` or so: a member busy for a moment shows it
+        for a while, not only until its next heartbeat, 0.25 s later."""
+        if lag_ms >= self.loop_lag_ms or now - self.loop_lag_at > LOOP_LAG_MEMORY_S:
+            self.loop_lag_ms, self.loop_lag_at = lag_ms, now
 
 
 @dataclass(frozen=True)

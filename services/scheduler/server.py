@@ -212,7 +212,7 @@ class SchedulerCore:
                     ["node", "role"])
         state = gauge("gridstream_member_state", "1 alive, 2 suspect, 3 dead", ["node", "role"])
         lag = gauge("gridstream_member_loop_lag_seconds",
-                    "Worst event-loop lateness a member reported in its last heartbeat",
+                    "Worst event-loop lateness a member reported in about the last 10 s",
                     ["node", "role"])
         for record in self.membership.members.values():
             labels = [record.node_id, "worker" if record.role == 1 else "stateserver"]
@@ -457,7 +457,7 @@ class SchedulerServicer(scheduler_pb2_grpc.SchedulerServicer):
         if known and record is not None:
             record.snapshots = request.snapshots
             record.snapshot_bytes = request.snapshot_bytes
-            record.loop_lag_ms = request.loop_lag_ms
+            record.note_loop_lag(request.loop_lag_ms, time.monotonic())
             if request.failing:
                 await self.core.failing_tasks(request.node_id, request.failing)
         return scheduler_pb2.HeartbeatResponse(epoch=self.core.membership.epoch,
