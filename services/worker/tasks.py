@@ -499,10 +499,12 @@ class TaskRunner:
         return tuple_id(self.task_index, self.partition, entry.channel, entry.sequence)
 
     async def flush_soon(self) -> None:
-        """Closes the window at once if it holds processed batches whose
-        tracking reports wait for it: a caller is draining the job, so there
-        is no point waiting for ``tracking_flush_s``."""
-        if self.tracking is not None and self.tracking.unreported and self.window.batches:
+        """Closes the window at once if the task is idle and its window holds
+        processed batches whose tracking reports wait for it: a caller is
+        draining the job, so there is no point waiting for
+        ``tracking_flush_s``. A busy task closes windows by size anyway."""
+        if (self.tracking is not None and self.tracking.unreported and self.window.batches
+                and self.container.pending_batches == 0):
             self._close_requested = True
             await self.container.poke()
 
