@@ -326,7 +326,7 @@ class WorkerNode:
             if runner.ready.is_set():
                 self.retired[runner.key] = runner.container
             log.info("handed off %s (offsets %d..%d)", runner.operator_id,
-                     runner.container.base_offset, runner.container.committed_offset)
+                     runner.container.base_offset, runner.container.handoff_end)
 
     async def fence(self) -> None:
         """The scheduler no longer counts us as a member (we were declared dead,
@@ -437,15 +437,15 @@ class WorkerNode:
         retired = self.retired.get(key)
         backup = self.backups.logs.get(key)
         if retired is not None and backup is not None and backup.next_offset > (
-            retired.committed_offset
+            retired.handoff_end
         ):
             # A partition can move away and come back: our retired copy is then
             # older than the backup copy we have been holding since.
             retired = None
         if retired is not None:
-            end = retired.committed_offset
+            end = retired.handoff_end
             entries = [to_log_entry(e) for e in retired.entries(retired.base_offset, end)]
-            base, sequences, primary = retired.base_offset, retired.committed_sequences(), True
+            base, sequences, primary = retired.base_offset, retired.sequences_below(end), True
         else:
             if backup is None:
                 return [worker_pb2.ContainerChunk(found=False)]

@@ -113,6 +113,7 @@ class JobContainer:
         self._base = 0  # offset of _entries[0]
         self._next_offset = 0
         self._committed = 0  # entries below this offset are held by every backup
+        self._restored_end = 0  # end of the log copy this container was restored from
         self._consumed = 0  # offset of the next entry the operator will take
         self._unconsumed_records = 0
         self._last_sequence: dict[str, int] = {}
@@ -144,6 +145,14 @@ class JobContainer:
     def committed_offset(self) -> int:
         """Entries below this offset are committed."""
         return self._committed
+
+    @property
+    def handoff_end(self) -> int:
+        """Entries below this offset go to the next owner when the partition
+        moves: the committed ones, and the log copy this container was
+        restored from even before this owner has committed it again (the
+        copy it was restored from may be gone by then)."""
+        return max(self._committed, self._restored_end)
 
     @property
     def pending_batches(self) -> int:
@@ -318,14 +327,24 @@ class JobContainer:
     # -- recovery -----------------------------------------------------------
 
     def restore(self, base: int, sequences: dict[str, int], entries: list[Entry],
-                consumed: int) -> None:
+                consumed: int, committed: bool = True) -> None:
         """Replaces the contents with a log fetched from a backup or a previous
-        owner; everything restored is committed. ``consumed`` is the offset the
-        operator resumes from (its snapshot's)."""
+        owner. ``consumed`` is the offset the operator resumes from (its
+        snapshot's).
+
+        With ``committed`` false the restored entries wait, like appends, until
+        this owner's replicator has copied them to its own backup holders: the
+        copy may come from a holder that was sent entries its primary never
+        committed, and once restored a resent batch is acknowledged as a
+        duplicate — which must not happen while this worker holds the only
+        copy that a later owner would be handed (the old primary hands over
+        its committed entries only). They can be handed over meanwhile
+        (:attr:`handoff_end`)."""
         self._entries = deque(entries)
         self._base = base
         self._next_offset = base + len(entries)
-        self._committed = self._next_offset
+        self._committed = self._next_offset if committed else base
+        self._restored_end = self._next_offset
         self._consumed = max(min(consumed, self._next_offset), base)
         self._unconsumed_records = sum(e.count for e in entries if e.offset >= self._consumed)
         self._last_sequence = dict(sequences)

@@ -115,7 +115,10 @@ async def restore_task(runner: TaskRunner) -> bool:
         gap = (offset, base - 1) if base > offset else None
         if gap is not None:
             offset = base
-        runner.container.restore(base, merged, entries, offset)
+        # Committed again only once this owner's holders hold the copy (its
+        # replicator's first round): until then no sender is acknowledged on it.
+        runner.container.restore(base, merged, entries, offset,
+                                 committed=runner.replicator is None)
         relink_sequences(runner.container, offset, in_sequences)
         if gap is not None:
             # Every copy that held these offsets is gone: name them.

@@ -9,7 +9,8 @@ committing would copy new batches to *itself* and acknowledge them with one
 copy in the cluster, and its worker dying before the new owner had fetched
 the log lost them (a chaos run named them as DATA LOSS). The replicator must
 hold appends uncommitted instead, and commit again once the table gives the
-partition back to it.
+partition back to it. Likewise a log a new owner restored is committed (and
+resent batches acknowledged as duplicates) only once its own holders hold it.
 
 The holders are real gRPC servers holding real backup stores.
 """
@@ -30,7 +31,7 @@ from gridstream.ring import HashRing, assign_partitions
 from gridstream.routing import RoutingView
 from gridstream.v1 import scheduler_pb2, worker_pb2, worker_pb2_grpc
 from services.worker.node import JobRuntime, WorkerNode
-from services.worker.queues import JobContainer
+from services.worker.queues import Entry, JobContainer
 from services.worker.replication import BackupStore, Replicator
 
 JOB = "job-1"
@@ -177,3 +178,42 @@ async def test_a_superseded_task_starts_again_only_where_its_worker_owns_the_par
             await asyncio.wait_for(waiting, 10)
         await node.close()
     await channels.close()
+
+
+async def test_a_restored_log_is_acknowledged_only_once_the_new_owners_holders_hold_it(
+        holders: tuple[dict[str, Holder], dict[str, str]]) -> None:
+    # A takeover restores the fullest copy, perhaps a holder's with entries
+    # its primary never committed (the old primary hands over its committed
+    # entries only). A sender resending one of them gets a duplicate's
+    # acknowledgement: not before the new owner's holders hold the copy.
+    stores, addresses = holders
+    survivors = [w for w in WORKERS if w != RESTARTED]
+    owners = assign_partitions(HashRing(survivors, VIRTUAL_NODES), JOB, PARTITIONS)
+    partition = next(p for p, owner in enumerate(owners) if owner == survivors[0])
+    owner, holder = survivors
+    routing = RoutingView(cast(Any, None), VIRTUAL_NODES)
+    routing._apply(table(2, survivors, addresses))
+    assert routing.backups(JOB, partition, 1) == [holder]
+    key = (JOB, 0, partition)
+    container = JobContainer(f"{JOB}/t0/p{partition}", max_records=1_000)
+    copy = [Entry(offset, "src/a", offset + 1, None, [offset]) for offset in range(3)]
+    container.restore(0, {}, copy, consumed=0, committed=False)
+    assert container.handoff_end == 3  # handed over whole if the partition moves now
+    accepted, offset = await container.append("src/a", 3, None, [2])  # a resend
+    assert not accepted and offset == 2
+    with pytest.raises(TimeoutError):
+        await container.wait_committed(offset, timeout_s=0.2)
+    assert key not in stores[holder].store.logs
+
+    channels = rpc.ChannelPool()
+    replicator = Replicator(key, container, owner, routing, channels, 1, lambda: 0, lambda: 2)
+    running = asyncio.create_task(replicator.run())
+    try:
+        replicator.notify()
+        await container.wait_committed(offset, timeout_s=10)
+        assert stores[holder].store.logs[key].next_offset == 3
+    finally:
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        await channels.close()
