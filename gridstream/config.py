@@ -202,12 +202,6 @@ class StateServerConfig:
     keep_windows: int = 2
     """Window snapshots kept per operator; older ones are deleted."""
 
-    writer_niceness: int = 5
-    """Nice levels by which the thread writing to SQLite runs below the rest
-    of the machine (Linux, per thread; 0 leaves it alone). Storage work is
-    queued and group-committed, so it is what waits when cores are contended,
-    not the event loops of workers and of this server. 0..19."""
-
     sync_interval_s: float = 2.0
     """How often a replica compares its holdings with its peers' and copies
     what it lacks (also at once after every membership change)."""
@@ -321,8 +315,6 @@ class Config:
             ("scheduler.console_port", -1 <= self.scheduler.console_port <= 65535,
              "must be -1 (off), 0 (any free port) or a port number"),
             ("stateserver.keep_windows", self.stateserver.keep_windows >= 1, "must be >= 1"),
-            ("stateserver.writer_niceness", 0 <= self.stateserver.writer_niceness <= 19,
-             "must be 0..19"),
             ("cluster.tracker_count", 1 <= self.cluster.tracker_count <= 4096, "must be 1..4096"),
             ("cluster.task_restarts_before_move",
              1 <= self.cluster.task_restarts_before_move <= 1_000_000, "must be 1..1000000"),

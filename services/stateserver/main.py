@@ -160,8 +160,7 @@ async def serve(options: Options, stop: asyncio.Event) -> bool:
         retired = True
         stop.set()
 
-    async with SnapshotStore(db_path, keep_windows=settings.keep_windows,
-                             writer_niceness=settings.writer_niceness) as store:
+    async with SnapshotStore(db_path, keep_windows=settings.keep_windows) as store:
         scheduler_channel = rpc.open_channel(config.scheduler_address)
         scheduler = scheduler_pb2_grpc.SchedulerStub(scheduler_channel)
         routing = RoutingView(scheduler, config.cluster.virtual_nodes)

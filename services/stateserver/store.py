@@ -44,7 +44,6 @@ from services.stateserver.layout import (
     VersionedRow,
     meta_from_row,
 )
-from services.stateserver.priority import lower_writer_priority
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +95,11 @@ class SnapshotStore:
     """
 
     def __init__(self, path: str | Path, keep_windows: int = 2,
-                 max_deltas: int = MAX_DELTAS, writer_niceness: int = 0) -> None:
+                 max_deltas: int = MAX_DELTAS) -> None:
         if keep_windows < 1:
             raise ValueError("keep_windows must be >= 1")
         self.path = Path(path)
         self.keep_windows = keep_windows
-        self.writer_niceness = writer_niceness
         self.states = StateChains(self, max_deltas)
         """Operators' keyed state: window deltas compacted into a base."""
         self._writer: aiosqlite.Connection | None = None
@@ -123,7 +121,6 @@ class SnapshotStore:
             await writer.execute("PRAGMA journal_mode=WAL")
             await writer.execute("PRAGMA synchronous=NORMAL")
             await writer.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            await lower_writer_priority(writer, self.writer_niceness)
             await self._check_schema(writer)
             await writer.executescript(SCHEMA)
             await writer.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

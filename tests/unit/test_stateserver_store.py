@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import sqlite3
-import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -252,20 +250,3 @@ async def test_hand_back_never_drops_a_write_it_did_not_compare(store: SnapshotS
     [compared] = await store.holdings(JOB)
     assert await store.drop_operator(JOB, OP, unless_changed_from=compared) is True
     assert await store.holdings(JOB) == []
-
-
-@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="threads have no own priority here")
-async def test_the_writer_thread_runs_below_the_event_loop(tmp_path: Path) -> None:
-    async with SnapshotStore(tmp_path / "state.sqlite3", writer_niceness=4) as store:
-        writer = store._writer
-        assert writer is not None
-        await writer.create_function("thread_id", 0, threading.get_native_id)
-        rows = list(await writer.execute_fetchall("SELECT thread_id()"))
-        writer_thread = int(rows[0][0])
-        loop_thread = threading.get_native_id()
-        assert writer_thread != loop_thread
-        base = os.getpriority(os.PRIO_PROCESS, loop_thread)
-        assert os.getpriority(os.PRIO_PROCESS, writer_thread) == min(19, base + 4)
-        # Writes still work from the lowered thread.
-        payload = b"state"
-        assert await store.put_snapshot(meta_for(payload, 1), payload) is True
