@@ -47,7 +47,7 @@ from gridstream.ids import operator_id
 from gridstream.retry import Backoff
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 from services.worker.operators import OperatorChain
-from services.worker.snapshots import apply_stored
+from services.worker.snapshots import apply_stored, freeze_grown_state
 
 if TYPE_CHECKING:
     from gridstream.jobspec import Stage
@@ -129,8 +129,10 @@ class Standby:
         """Applies a window that chains on (see :meth:`chains_on`)."""
         if not request.has_parent:
             self.chain.clear_state()
+        before = sum(map(len, self.chain.states.values()))
         for chunk in request.chunks:
             apply_shipped(self.chain, chunk)
+        freeze_grown_state(sum(map(len, self.chain.states.values())) - before)
         for touched in self.chain.touched.values():
             touched.clear()
         self.window = request.window
