@@ -1,9 +1,10 @@
-"""How long the worker's event loop was held: the heartbeat's real budget.
+"""How long the worker's event loop was held.
 
-Heartbeats, acknowledgements and replication share one event loop with
+Acknowledgements, replication and tracking share one event loop with
 snapshotting and restoring state. A step that holds the loop delays all of
-them, and a delay of three heartbeat intervals gets a busy worker suspected
-(docs/recovery.md). :class:`LoopLagMonitor` wakes every ``tick_s`` and
+them (heartbeats have a thread of their own, gridstream/member.py, so a
+busy worker is not convicted; a loop stuck for ``cluster.loop_stall_limit_s``
+stops them). :class:`LoopLagMonitor` wakes every ``tick_s`` and
 measures how late it woke; the worst lateness of each ``period_s`` is logged
 (INFO from ``report_s``, WARNING from a heartbeat interval) so a stall is
 named with its size, and :attr:`LoopLagMonitor.worst_s` keeps the worst

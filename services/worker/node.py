@@ -355,8 +355,8 @@ class WorkerNode:
         """Called with the epoch every heartbeat reports. The table may already
         have been fetched by a shuffle or a replicator; what matters is whether
         our tasks were aligned with it. Aligning (stopping and starting tasks)
-        runs in its own task, never in the heartbeat's: a slow handoff must not
-        delay heartbeats and get a busy worker convicted."""
+        runs in its own task, never in the one serving heartbeat answers: a
+        slow handoff must not hold up the answers that follow."""
         if epoch > self._synced_epoch:
             self._align_target = max(self._align_target, epoch)
             self._align_wake.set()
