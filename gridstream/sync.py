@@ -84,9 +84,9 @@ class SyncClient:
         """See :meth:`Client.progress`."""
         return self._loop.run(self._client.progress(job_id))
 
-    def progress_message(self, job_id: str) -> scheduler_pb2.JobProgress:
+    def progress_message(self, job_id: str, flush: bool = False) -> scheduler_pb2.JobProgress:
         """See :meth:`Client.progress_message`."""
-        return self._loop.run(self._client.progress_message(job_id))
+        return self._loop.run(self._client.progress_message(job_id, flush))
 
     def results(self, job_id: str, sink: str | None = None) -> dict[str, Any]:
         """See :meth:`Client.results` (``sink`` picks one sink of a job with several)."""
