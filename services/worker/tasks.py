@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from gridstream import codec
 from gridstream.codec import row_json
-from gridstream.deadletters import encode_error, encode_message, encode_record
+from gridstream.deadletters import encode_error, encode_message
 from gridstream.errors import GridstreamError
 from gridstream.faults import FAULTS, crash_point, drop_report, tasks_fail
 from gridstream.ids import (
@@ -43,11 +43,11 @@ from gridstream.metrics import Histogram
 from gridstream.retry import Backoff
 from gridstream.taskplan import results_from_state, sink_row_prefix
 from gridstream.v1 import common_pb2
+from services.worker.containment import dead_batch, run_records
 from services.worker.delivery import DeliveryPipeline
 from services.worker.edges import Outbound
 from services.worker.filesinks import writer_of
 from services.worker.operators import (
-    TRACEBACKS_PER_BATCH,
     ChainResult,
     DeadLetter,
     OperatorChain,
@@ -350,48 +350,10 @@ class TaskRunner:
                 # go to dead letters, the others go on.
                 log.error("%s: batch %s could not be processed whole (%s); processing its "
                           "records one by one", self.operator_id, batch_id, error)
-                return self._run_records(entry, batch_id)
+                return run_records(self.chain, self.outbound, entry, batch_id)
             log.error("%s: batch %s could not be processed (%s); its %d records go to dead "
                       "letters", self.operator_id, batch_id, error, entry.count)
-            return self._dead_batch(entry, batch_id, encode_error(exc)), []
-
-    def _run_records(self, entry: Entry, batch_id: str
-                     ) -> tuple[ChainResult, list[OutSegment]]:
-        """A stateless chain, record by record: a record that still fails goes
-        to dead letters with its error (deterministic on replay)."""
-        keys = entry.keys or [None] * entry.count
-        out = ChainResult(None, [], dead_letters=[])
-        keys_out: list[list[Any] | None] = []  # a forward edge keeps the records' keys
-        for i, (key, value) in enumerate(zip(keys, entry.values, strict=True)):
-            one = Entry(entry.offset, entry.channel, entry.sequence,
-                        None if entry.keys is None else [key], [value])
-            try:
-                part = self.chain.process(one.keys, one.values, f"{batch_id}~{i}")
-            except Exception as exc:
-                out.dead_letters.append((f"{batch_id}:<task>:{i}", "<task>", encode_record(
-                    key, value), encode_error(exc, len(out.dead_letters) < TRACEBACKS_PER_BATCH)))
-                continue
-            if part.values:
-                keys_out.append(part.keys)
-            out.values.extend(part.values)
-            out.sink_rows.update(part.sink_rows)
-            out.dead_letters.extend(part.dead_letters)
-        if entry.keys is not None and all(k is not None for k in keys_out):
-            out.keys = [k for part_keys in keys_out for k in part_keys or ()]
-        segments: list[OutSegment] = []
-        if out.values:
-            try:  # keys are checked record by record inside split
-                segments = self.outbound.split(out.keys, out.values, batch_id, out.dead_letters)
-            except Exception as exc:
-                return self._dead_batch(entry, batch_id, encode_error(exc)), []
-        return out, segments
-
-    @staticmethod
-    def _dead_batch(entry: Entry, batch_id: str, error: str) -> ChainResult:
-        keys = entry.keys or [None] * entry.count
-        dead = [(f"{batch_id}:<task>:{i}", "<task>", encode_record(k, v), error)
-                for i, (k, v) in enumerate(zip(keys, entry.values, strict=True))]
-        return ChainResult(None, [], dead_letters=dead)
+            return dead_batch(entry, batch_id, encode_error(exc)), []
 
     def record_losses(self, losses: list[LostRange]) -> None:
         """Names lost ranges durably (as dead letters of the task, which users

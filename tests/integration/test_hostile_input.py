@@ -262,30 +262,6 @@ async def test_row6_a_result_value_that_is_not_json_is_not_stored(
     assert await client.results(job_id) == {}
 
 
-async def test_row6_results_from_state_refuse_internal_and_oversized_names(
-        cluster: LocalCluster, client: Client) -> None:
-    job_id = await client.submit(wordcount.job())
-    refusals = [
-        ([stateserver_pb2.ResultsFromState(stage="count@timers")], "no '@'"),
-        ([stateserver_pb2.ResultsFromState(stage="")], "1 to 512 characters"),
-        ([stateserver_pb2.ResultsFromState(stage="x" * 600)], "1 to 512 characters"),
-        ([stateserver_pb2.ResultsFromState(stage="count", key_prefix="p" * 600)],
-         "key_prefix is longer"),
-        ([stateserver_pb2.ResultsFromState(stage=f"s{i}") for i in range(65)], "more than 64"),
-    ]
-    async with stranger(address_of(cluster, "state-1")) as channel:
-        stub = stateserver_pb2_grpc.StateServerStub(channel)
-        for from_state, says in refusals:
-            call = stub.ReadResults(stateserver_pb2.ReadResultsRequest(
-                job_id=job_id, from_state=from_state), timeout=CALL_TIMEOUT_S)
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                async for _ in call:
-                    pass
-            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT, from_state[:1]
-            assert says in (caught.value.details() or ""), caught.value.details()
-    assert "Traceback" not in cluster.logs("state-1", tail=2_000)
-
-
 # -- 7-11: precise statuses ----------------------------------------------------------
 
 

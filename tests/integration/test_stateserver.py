@@ -339,6 +339,28 @@ async def test_malformed_rows_are_refused(state_client: StateClient, rows: bytes
     assert await state_client.read(job) == []  # the good row of a refused request is not stored
 
 
+@pytest.mark.parametrize(
+    ("from_state", "message"),
+    [
+        ([pb.ResultsFromState(stage="count@timers")], "no '@'"),
+        ([pb.ResultsFromState(stage="")], "1 to 512 characters"),
+        ([pb.ResultsFromState(stage="x" * 600)], "1 to 512 characters"),
+        ([pb.ResultsFromState(stage="count", key_prefix="p" * 600)], "key_prefix is longer"),
+        ([pb.ResultsFromState(stage=f"s{i}") for i in range(65)], "more than 64"),
+    ],
+)
+async def test_results_from_state_refuse_internal_and_oversized_names(
+        state_client: StateClient, from_state: list[pb.ResultsFromState], message: str) -> None:
+    call = state_client.stub.ReadResults(
+        pb.ReadResultsRequest(job_id="from-state-job", from_state=from_state),
+        timeout=CALL_TIMEOUT_S)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in call:
+            pass
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    assert message in (info.value.details() or ""), info.value.details()
+
+
 async def test_fenced_writer_and_older_versions_change_nothing(state_client: StateClient) -> None:
     job, op = "fence-job", "fence-job/t0/p0"
 
