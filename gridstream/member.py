@@ -218,6 +218,8 @@ class MemberAgent:
                     self._beat(post)
             except grpc.RpcError as exc:
                 log.debug("heartbeat to scheduler failed: %s", _code(exc))
+            except Exception:  # a bug here must not end the heartbeats in silence
+                log.exception("a heartbeat could not be sent; trying again at the next one")
             next_beat += self.interval_s
             if self._stop.wait(max(0.0, next_beat - time.monotonic())):
                 return
