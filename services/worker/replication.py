@@ -199,6 +199,11 @@ class Replicator:
         failing_since = 0.0
         shortfall_since, warned = 0.0, False
         moved_since = 0  # the epoch at which the partition was last seen moved away
+        # The first round runs at once, with nothing appended: a restored log
+        # is committed only once this owner's holders hold it, and no append
+        # may ever come to wake us (the senders were all answered before the
+        # restart), so waiting for one would hold its replay forever.
+        self._wake.set()
         while True:
             await self._wake.wait()
             self._wake.clear()
