@@ -76,7 +76,7 @@ class SyncClient:
         """See :meth:`Client.flush`."""
         self._loop.run(self._client.flush(job_id))
 
-    def drain(self, job_id: str, timeout_s: float = 300.0, poll_s: float = 0.1) -> JobProgress:
+    def drain(self, job_id: str, timeout_s: float = 300.0, poll_s: float = 0.05) -> JobProgress:
         """See :meth:`Client.drain`."""
         return self._loop.run(self._client.drain(job_id, timeout_s, poll_s))
 

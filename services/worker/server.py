@@ -267,11 +267,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: worker_pb2.GetTaskProgressRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.GetTaskProgressResponse:
         """Counters of the job's tasks hosted here; with ``flush``, their
-        pending windows are closed first (someone is draining the job)."""
+        pending windows are closed first and the trackers hosted here announce
+        completions as they come for a while (someone is draining the job)."""
         check_id(request.job_id, "job_id")
         runtime = self.node.jobs.get(request.job_id) if request.flush else None
         for runner in runtime.runners.values() if runtime is not None else ():
             await runner.flush_soon()
+        if request.flush:
+            self.node.trackers.hurry()
         return worker_pb2.GetTaskProgressResponse(
             tasks=self.node.progress(request.job_id), epoch=self.node.routing.epoch
         )

@@ -25,6 +25,7 @@ on the worker ring. Each hosted tracker keeps, per job, a compact
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -49,6 +50,9 @@ log = logging.getLogger(__name__)
 U64 = npt.NDArray[np.uint64]
 TICK_S = 0.1
 """How often timeouts are checked and pending events and rebuilds retried."""
+HURRY_S = 1.0
+"""For this long after someone asked about a draining job (:meth:`TrackerHost.hurry`),
+completions are announced as they come instead of at the next tick."""
 HANDOFF_TIMEOUT_S = 2.0
 """How long one tick waits for moved roots to reach their new trackers."""
 MAX_ROOT_FAILURES = 3
@@ -164,6 +168,9 @@ class TrackerHost:
         """(job, root) -> times it timed out without completing since."""
         self._abandoned: dict[str, list[U64]] = {}
         """job -> abandoned roots not yet announced to every worker."""
+        self._hurry_until = 0.0
+        self._announce_now = asyncio.Event()
+        """Set when completions should go out before the next tick."""
 
     def layout(self) -> TrackerLayout:
         """The current layout (cheap to rebuild; tables change rarely)."""
@@ -232,7 +239,10 @@ class TrackerHost:
         if roots.size:
             self.completed += int(roots.size)
             self._events.setdefault(job_id, []).append(roots)
-            self._recently_completed.append((time.monotonic(), job_id, roots))
+            now = time.monotonic()
+            self._recently_completed.append((now, job_id, roots))
+            if now < self._hurry_until:
+                self._announce_now.set()
 
     def set_timeout(self, job_id: str, timeout_s: float) -> None:
         """The job's root timeout, known once a task of the job starts here.
@@ -272,12 +282,34 @@ class TrackerHost:
 
     # -- the background loop ---------------------------------------------------
 
+    def hurry(self) -> None:
+        """Someone is draining a job (their progress query asked for a flush):
+        for :data:`HURRY_S`, completions are announced as they come. While a
+        job streams, announcing once a tick batches many completions into one
+        broadcast to every worker; at the end of a drain nothing is left to
+        batch, and waiting for the tick only adds up to ``TICK_S`` to it."""
+        self._hurry_until = time.monotonic() + HURRY_S
+        if self._events:
+            self._announce_now.set()
+
     async def run(self) -> None:
-        """Expires roots, rebuilds and announces, until cancelled."""
+        """Expires roots, rebuilds and announces, until cancelled: a full
+        tick every ``TICK_S``, and announcements alone in between when
+        :meth:`hurry` asked for them."""
+        next_tick = time.monotonic() + TICK_S
         while True:
-            await asyncio.sleep(TICK_S)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, next_tick - time.monotonic())):
+                    await self._announce_now.wait()
+            self._announce_now.clear()
             try:
-                await self.tick(time.monotonic())
+                now = time.monotonic()
+                if now >= next_tick:
+                    next_tick = now + TICK_S
+                    await self.tick(now)
+                else:
+                    for job_id in list(self._events):
+                        await self._announce(job_id)
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -3,15 +3,18 @@ rebuild collects, lost batches and the retained-input bound."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any, cast
 
 import numpy as np
+import pytest
 
 from gridstream import rpc
 from gridstream.routing import RoutingView
 from gridstream.v1 import worker_pb2
-from services.worker.trackers import RebuildRound, TrackerHost, _layout, pack
+from services.worker import trackers
+from services.worker.trackers import RebuildRound, TrackerHost, _layout, pack, unpack
 from services.worker.tracking import TaskTracking
 
 ROOT = 0xA1
@@ -269,3 +272,33 @@ async def test_a_slow_root_is_not_abandoned_but_a_broken_one_is() -> None:
         assert retry == [ROOT]
         await rebuild(in_progress=[])
     assert host._count_failures("job", roots) == ([], [ROOT])
+
+
+async def test_a_drain_has_completions_announced_as_they_come(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # While a job streams, completions go out once a tick, many per broadcast.
+    # Someone draining (hurry) must not wait for the tick: it would add up to
+    # TICK_S to every drain. The tick is made too long to come in this test.
+    monkeypatch.setattr(trackers, "TICK_S", 30.0)
+    host = TrackerHost("worker-1", RoutingView(cast(Any, None), 64), rpc.ChannelPool())
+    announced: asyncio.Queue[list[int]] = asyncio.Queue()
+
+    async def broadcast(request: Any) -> dict[str, worker_pb2.TrackingEventsResponse]:
+        announced.put_nowait(unpack(request.completed).tolist())
+        return {"worker-1": worker_pb2.TrackingEventsResponse()}
+
+    host._broadcast = broadcast  # type: ignore[method-assign]
+    running = asyncio.create_task(host.run())
+    try:
+        host._completed("job", np.asarray([ROOT], dtype=np.uint64))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert announced.empty()  # not hurried: it waits for the tick
+        host.hurry()  # what was waiting goes out at once ...
+        assert await asyncio.wait_for(announced.get(), 10) == [ROOT]
+        host._completed("job", np.asarray([CHILD_1], dtype=np.uint64))
+        assert await asyncio.wait_for(announced.get(), 10) == [CHILD_1]  # ... and what comes
+    finally:
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
