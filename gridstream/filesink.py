@@ -118,13 +118,24 @@ def decode(data: bytes, fmt: str) -> list[Any]:
         return [json.loads(line) for line in data.decode().splitlines() if line]
     import io
 
-    import pyarrow.parquet as pq
 
-    table = pq.read_table(io.BytesIO(data))
+    table = read_parquet(io.BytesIO(data))
     layout = (table.schema.metadata or {}).get(_LAYOUT_KEY, b"columns")
     if layout == b"json":
         return [json.loads(text) for text in table.column("value").to_pylist()]
     return list(table.to_pylist())
+
+
+def read_parquet(source: Any) -> Any:
+    """A whole Parquet file as a pyarrow Table, read on the calling thread.
+
+    ``pq.read_table`` scans through Arrow's thread pools; a pool thread still
+    busy when the interpreter exits makes the process abort ("terminate
+    called without an active exception", exit -6) after its work is done.
+    Files here are read whole and one at a time, so threads buy nothing."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(source, pre_buffer=False).read(use_threads=False)
 
 
 def write_durably(directory: Path, name: str, data: bytes) -> None:

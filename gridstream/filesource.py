@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gridstream.errors import GridstreamError
+from gridstream.filesink import read_parquet
 from gridstream.retry import Backoff
 
 log = logging.getLogger(__name__)
@@ -116,9 +117,7 @@ def read_chunk(path: Path, fmt: str, start: int, limit: int,
     """(records, offset after them) from ``start``: at most ``limit`` records,
     or exactly those up to ``end`` when given (a chunk read again)."""
     if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        table = pq.read_table(path)
+        table = read_parquet(path)
         stop = min(table.num_rows, start + limit) if end is None else end
         return table.slice(start, max(0, stop - start)).to_pylist(), stop
     with open(path, "rb") as handle:

@@ -59,6 +59,7 @@ async def run(argv: list[str], cwd: Path, modules: Path) -> str:
     its output, or a failure that shows it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRIDSTREAM_")}
     env["PYTHONPATH"] = os.pathsep.join([str(modules), str(REPO_ROOT)])
+    env["PYTHONFAULTHANDLER"] = "1"  # a native crash shows every thread's stack
     process = await asyncio.create_subprocess_exec(
         *argv, cwd=str(cwd), env=env, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT)
