@@ -38,7 +38,8 @@ from services.worker.queues import Entry, JobContainer, OwnerFenced
 from services.worker.replication import BackupStore, ContainerKey, to_log_entry
 from services.worker.standby import StandbyStore
 from services.worker.tasks import FetchedLog, TaskRunner
-from services.worker.trackers import TrackerHost, TrackerLayout, TrackingReporter
+from services.worker.tracker_layout import TrackerLayout
+from services.worker.trackers import TrackerHost, TrackingReporter
 
 FETCH_TIMEOUT_S = 10.0
 FETCH_DEADLINE_S = 30.0

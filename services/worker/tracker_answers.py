@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gridstream.v1 import worker_pb2
-from services.worker.trackers import pack, unpack
+from services.worker.tracker_layout import pack, unpack
 
 if TYPE_CHECKING:
     from services.worker.node import WorkerNode

@@ -14,7 +14,8 @@ from gridstream import rpc
 from gridstream.routing import RoutingView
 from gridstream.v1 import worker_pb2
 from services.worker import trackers
-from services.worker.trackers import RebuildRound, TrackerHost, _layout, pack, unpack
+from services.worker.tracker_layout import _layout, pack, unpack
+from services.worker.trackers import RebuildRound, TrackerHost
 from services.worker.tracking import TaskTracking
 
 ROOT = 0xA1
