@@ -18,6 +18,7 @@ The holders are real gRPC servers holding real backup stores.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from types import SimpleNamespace
 from typing import Any, cast
@@ -80,6 +81,23 @@ async def holders() -> AsyncIterator[tuple[dict[str, Holder], dict[str, str]]]:
         await server.stop(None)
 
 
+@contextlib.asynccontextmanager
+async def replicating(key: tuple[str, int, int], container: JobContainer, primary: str,
+                      routing: RoutingView) -> AsyncIterator[Replicator]:
+    """``primary``'s replicator of ``container`` (owner since epoch 2,
+    backup_count=1), running until the block ends."""
+    channels = rpc.ChannelPool()
+    replicator = Replicator(key, container, primary, routing, channels, 1, lambda: 0, lambda: 2)
+    running = asyncio.create_task(replicator.run())
+    try:
+        yield replicator
+    finally:
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        await channels.close()
+
+
 async def until(condition: Callable[[], object], what: str) -> None:
     """Lets the loop run until ``condition`` holds (at most ten seconds)."""
     for _ in range(1_000):
@@ -106,11 +124,7 @@ async def test_a_partition_handed_back_commits_nothing_with_its_own_copy_only(
     assert routing.backups(JOB, partition, 1) == [other]
     key = (JOB, 0, partition)
     container = JobContainer(f"{JOB}/t0/p{partition}", max_records=1_000)
-    channels = rpc.ChannelPool()
-    replicator = Replicator(key, container, primary, routing, channels, 1, lambda: 0,
-                            lambda: 2)
-    running = asyncio.create_task(replicator.run())
-    try:
+    async with replicating(key, container, primary, routing) as replicator:
         await container.append("src/a", 1, None, [1])
         replicator.notify()
         await container.wait_committed(0, timeout_s=10)
@@ -136,11 +150,6 @@ async def test_a_partition_handed_back_commits_nothing_with_its_own_copy_only(
         await container.wait_committed(1, timeout_s=10)
         assert stores[other].store.logs[key].next_offset == 2
         assert not replicator.shortfall
-    finally:
-        running.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await running
-        await channels.close()
 
 
 async def test_a_superseded_task_starts_again_only_where_its_worker_owns_the_partition(
@@ -205,15 +214,7 @@ async def test_a_restored_log_is_acknowledged_only_once_the_new_owners_holders_h
         await container.wait_committed(offset, timeout_s=0.2)
     assert key not in stores[holder].store.logs
 
-    channels = rpc.ChannelPool()
-    replicator = Replicator(key, container, owner, routing, channels, 1, lambda: 0, lambda: 2)
-    running = asyncio.create_task(replicator.run())
-    try:
+    async with replicating(key, container, owner, routing):
         # No append wakes it: the senders were answered before the restart.
         await container.wait_committed(offset, timeout_s=10)
         assert stores[holder].store.logs[key].next_offset == 3
-    finally:
-        running.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await running
-        await channels.close()
