@@ -118,7 +118,6 @@ def decode(data: bytes, fmt: str) -> list[Any]:
         return [json.loads(line) for line in data.decode().splitlines() if line]
     import io
 
-
     table = read_parquet(io.BytesIO(data))
     layout = (table.schema.metadata or {}).get(_LAYOUT_KEY, b"columns")
     if layout == b"json":
