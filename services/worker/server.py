@@ -266,14 +266,17 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def GetTaskProgress(
         self, request: worker_pb2.GetTaskProgressRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.GetTaskProgressResponse:
-        """Counters of the job's tasks hosted here; with ``flush``, their
-        pending windows are closed first and the trackers hosted here announce
-        completions as they come for a while (someone is draining the job)."""
+        """Counters of the job's tasks hosted here; with ``flush`` (someone is
+        draining the job), their pending windows are closed first and, once
+        they are all idle, the trackers hosted here announce completions as
+        they come for a while. While a backlog is still being processed,
+        completions keep going out once a tick, many per broadcast."""
         check_id(request.job_id, "job_id")
         runtime = self.node.jobs.get(request.job_id) if request.flush else None
-        for runner in runtime.runners.values() if runtime is not None else ():
+        runners = list(runtime.runners.values()) if runtime is not None else []
+        for runner in runners:
             await runner.flush_soon()
-        if request.flush:
+        if request.flush and all(runner.idle for runner in runners):
             self.node.trackers.hurry()
         return worker_pb2.GetTaskProgressResponse(
             tasks=self.node.progress(request.job_id), epoch=self.node.routing.epoch

@@ -460,13 +460,18 @@ class TaskRunner:
         """The batch's tracking id (a hash of its identity)."""
         return tuple_id(self.task_index, self.partition, entry.channel, entry.sequence)
 
+    @property
+    def idle(self) -> bool:
+        """No batch waits for the operator here."""
+        return self.container.pending_batches == 0
+
     async def flush_soon(self) -> None:
         """Closes the window at once if the task is idle and its window holds
         processed batches whose tracking reports wait for it: a caller is
         draining the job, so there is no point waiting for
         ``tracking_flush_s``. A busy task closes windows by size anyway."""
         if (self.tracking is not None and self.tracking.unreported and self.window.batches
-                and self.container.pending_batches == 0):
+                and self.idle):
             self._close_requested = True
             await self.container.poke()
 
