@@ -240,8 +240,10 @@ class TrackerHost:
             try:
                 now = time.monotonic()
                 if now >= next_tick:
-                    next_tick = now + TICK_S
-                    await self.tick(now)
+                    try:
+                        await self.tick(now)
+                    finally:  # ticks stay TICK_S apart however long one takes
+                        next_tick = time.monotonic() + TICK_S
                 else:
                     for job_id in list(self._events):
                         await self._announce(job_id)
