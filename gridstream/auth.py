@@ -182,6 +182,10 @@ class CallGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     def __init__(self, secret: str | None, tokens: dict[str, frozenset[str]] | None) -> None:
         self.secret = secret.encode() if secret else None
         self.tokens = tokens
+        self._guarded: dict[tuple[str, bool], tuple[grpc.RpcMethodHandler,
+                                                     grpc.RpcMethodHandler]] = {}
+        """(method, member) -> (the servicer's handler, its guarded form):
+        built once per method and kind of caller, not on every call."""
 
     def _is_member(self, metadata: dict[str, Any]) -> bool:
         presented = metadata.get(MEMBER_METADATA)
@@ -223,14 +227,25 @@ class CallGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         method = handler_call_details.method
         right = needed_right(method)
         if right is None:
-            return handler if method.startswith("/grpc.reflection.") else _guarded(
+            return handler if method.startswith("/grpc.reflection.") else self._guard(
                 handler, method, False)
         metadata = {key: value for key, value in handler_call_details.invocation_metadata or ()}
         member = self._is_member(metadata)
         refusal = self._refusal(method, right, member, metadata)
         if refusal is not None:
             return _deny(handler, *refusal)
-        return _guarded(handler, method, member)
+        return self._guard(handler, method, member)
+
+    def _guard(self, handler: grpc.RpcMethodHandler, method: str,
+               member: bool) -> grpc.RpcMethodHandler:
+        """:func:`_guarded` of ``handler``, made once per method and kind of
+        caller (a handler's guarded form depends on nothing else)."""
+        cached = self._guarded.get((method, member))
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        guarded = _guarded(handler, method, member)
+        self._guarded[(method, member)] = (handler, guarded)
+        return guarded
 
 
 def _bearer(metadata: dict[str, Any]) -> str:
