@@ -28,7 +28,6 @@ import aiosqlite
 from gridstream.errors import InvalidArgument, StaleEpoch, Unavailable
 from gridstream.ids import checksum
 from services.stateserver.chains import MAX_DELTAS, STATE_TABLES_BY_OPERATOR, StateChains
-from services.stateserver.checkpoints import WalCheckpointer
 from services.stateserver.groupcommit import GroupCommitter
 from services.stateserver.layout import (
     META_COLUMNS,
@@ -106,8 +105,6 @@ class SnapshotStore:
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
         self._committer: GroupCommitter | None = None
-        self.checkpointer = WalCheckpointer(self.path)
-        """Copies the write-ahead log back into the file, so no commit does."""
         self._fences: dict[tuple[str, str], tuple[int, int]] = {}
         """(job, operator) -> (fence epoch, highest result version), mirrored
         from the operators table and only changed inside committed writes."""
@@ -123,7 +120,6 @@ class SnapshotStore:
         try:
             await writer.execute("PRAGMA journal_mode=WAL")
             await writer.execute("PRAGMA synchronous=NORMAL")
-            await writer.execute("PRAGMA wal_autocheckpoint=0")  # see checkpoints.py
             await writer.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             await self._check_schema(writer)
             await writer.executescript(SCHEMA)
@@ -140,9 +136,7 @@ class SnapshotStore:
         try:
             await reader.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             await reader.execute("PRAGMA query_only=ON")
-            await self.checkpointer.start()
         except BaseException:
-            await self.checkpointer.close()
             await reader.close()
             await writer.close()
             raise
@@ -180,7 +174,6 @@ class SnapshotStore:
             await committer.close()
         finally:
             self._committer = self._writer = self._reader = None
-            await self.checkpointer.close()
             if reader is not None:
                 await reader.close()
             if writer is not None:
