@@ -20,14 +20,6 @@ arriving meanwhile interrupts it (``sqlite3_interrupt``): it is rolled back
 and its caller gets :class:`Preempted`, to run it again later. A fold into a
 large base can take seconds of random B-tree writes; a takeover's claim must
 not wait for it.
-
-Neither a fold's commit nor a claim's copies the write-ahead log back into the
-database file. SQLite does that (a checkpoint) in the commit that takes the
-log past ``AUTOCHECKPOINT_PAGES``, and a fold into a base of 10M keys dirties
-about a page per key (some 70 MB for 20,000 keys): its commit, which cannot
-be interrupted, spent up to 0.5 s copying them back while a claim waited. The
-next ordinary commit (a window, rows) copies them instead, as it would have
-copied its own.
 """
 
 from __future__ import annotations
@@ -55,10 +47,6 @@ PREEMPT_POLL_S = 0.005
 interrupt that lands between two of its statements is lost, so it is sent
 again until the write ends)."""
 
-AUTOCHECKPOINT_PAGES = 1000
-"""SQLite's default: an ordinary commit that takes the write-ahead log past
-this many pages copies it back into the database file."""
-
 SLOW_TRANSACTION_S = 0.25
 """A transaction this long is logged: everything queued waited for it."""
 
@@ -84,7 +72,6 @@ class _Pending:
     op: WriteOp[Any]
     future: asyncio.Future[Any]
     preemptible: bool = False
-    urgent: bool = False
 
 
 async def _noop(_conn: aiosqlite.Connection) -> None:
@@ -161,7 +148,7 @@ class GroupCommitter:
                               "or after restart")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if urgent:
-            self._urgent.append(_Pending(op, future, urgent=True))
+            self._urgent.append(_Pending(op, future))
         else:
             await self._queue.put(_Pending(op, future, preemptible))
         self._ready.set()
@@ -261,8 +248,7 @@ class GroupCommitter:
                     # write, not for a whole group of them.
                     cut = i + 1
                     break
-            await self._commit(defer_checkpoint=all(p.preemptible or p.urgent
-                                                    for p in live[:cut]))
+            await self._conn.execute("COMMIT")
             self._preempting = False  # an interrupt that came too late changed nothing
         except asyncio.CancelledError:
             await self._rollback()
@@ -307,18 +293,6 @@ class GroupCommitter:
         for pending, result in zip(live, results, strict=True):
             if not pending.future.done():
                 pending.future.set_result(result)
-
-    async def _commit(self, defer_checkpoint: bool) -> None:
-        """COMMITs; with ``defer_checkpoint`` (a fold, a claim) without copying
-        the write-ahead log back, which the next ordinary commit does."""
-        if not defer_checkpoint:
-            await self._conn.execute("COMMIT")
-            return
-        await self._conn.execute("PRAGMA wal_autocheckpoint=0")
-        try:
-            await self._conn.execute("COMMIT")
-        finally:
-            await self._conn.execute(f"PRAGMA wal_autocheckpoint={AUTOCHECKPOINT_PAGES}")
 
     async def _run_preemptible(self, op: WriteOp[Any]) -> Any:
         """Runs ``op`` (alone in its transaction), interrupting its statements

@@ -5,7 +5,6 @@ new owner's claim) is committed before the writes queued ahead of it."""
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -165,52 +164,3 @@ async def test_a_write_whose_caller_gave_up_is_still_committed(
     async with aiosqlite.connect(tmp_path / "db.sqlite3") as reader:
         names = [row[0] for row in await reader.execute_fetchall("SELECT name FROM t")]
     assert names == ["given up"]
-
-
-def wal_progress(db: Path) -> tuple[int, int]:
-    """(frames in the write-ahead log, frames of them copied back into the
-    file), from the WAL index SQLite shares between connections (``-shm``):
-    ``mxFrame`` at byte 16 of its header, ``nBackfill`` at byte 96 (after the
-    header's two copies), native byte order. Read from the file because
-    ``PRAGMA wal_checkpoint`` would itself copy the log back."""
-    header = db.with_name(db.name + "-shm").read_bytes()[:100]
-    (frames,) = struct.unpack_from("=I", header, 16)
-    (copied,) = struct.unpack_from("=I", header, 96)
-    return frames, copied
-
-
-def fill(first: int, pages: int) -> Callable[[aiosqlite.Connection], Awaitable[None]]:
-    """A write of about ``pages`` new database pages."""
-    async def op(conn: aiosqlite.Connection) -> None:
-        await conn.executemany("INSERT INTO t VALUES (?)",
-                               ((f"{i:08d}" + "x" * 4000,) for i in range(first, first + pages)))
-    return op
-
-
-async def test_a_fold_or_a_claim_leaves_copying_the_log_back_to_the_next_write(
-        tmp_path: Path) -> None:
-    """SQLite copies the write-ahead log back into the file in the commit that
-    takes it past 1,000 pages: for a fold into a large base, up to 0.5 s that
-    a claim waited for. A fold's and a claim's commits leave it to the next
-    ordinary commit."""
-    db = tmp_path / "db.sqlite3"
-    conn = await aiosqlite.connect(db, isolation_level=None)
-    await conn.execute("PRAGMA journal_mode=WAL")
-    await conn.execute("CREATE TABLE t (name TEXT)")
-    writer = GroupCommitter(conn)
-    writer.start()
-    try:
-        await writer.submit(fill(0, 1_500), preemptible=True)  # a fold
-        frames, copied = wal_progress(db)
-        assert frames > 1_000 and copied == 0, (frames, copied)
-        await writer.submit(fill(10_000, 1_200), urgent=True)  # a claim
-        frames, copied = wal_progress(db)
-        assert frames > 2_000 and copied == 0, (frames, copied)
-        await writer.submit(insert("window", []))  # an ordinary write
-        frames, copied = wal_progress(db)
-        assert frames > 2_000 and copied == frames, (frames, copied)
-        rows = list(await conn.execute_fetchall("PRAGMA wal_autocheckpoint"))
-        assert rows[0][0] == 1_000
-    finally:
-        await writer.close()
-        await conn.close()
