@@ -321,7 +321,8 @@ def table(rows: list[dict[str, float]]) -> str:
                  f"{SETTLED_CORES} cores for {SETTLED_FOR_S:.0f} s (folds, standbys catching "
                  "up; the steady phase starts then): " + ", ".join(
                      f"{int(r['keys']):,}: {r['settle_s']:.1f} s" for r in rows))
-    lines.append("heartbeat gap (s) by phase, build / steady / kill+recovery: " + ", ".join(
+    lines.append("heartbeat gap (s) by phase, build and its aftermath / steady / kill+recovery: "
+                 + ", ".join(
         f"{int(r['keys']):,}: {r['gap_build_s']:.2f} / {r['gap_steady_s']:.2f} / "
         f"{r['gap_recovery_s']:.2f}" for r in rows))
     lines.append("worst event-loop lag (s), whole run / steady (the state held, windows "
