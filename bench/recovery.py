@@ -3,8 +3,9 @@ kill -> processing, kill -> a post-kill batch acknowledged, heartbeat gaps.
 
 For each state size (``--keys``, default 10k, 100k, 1M and 10M distinct keys) a
 supervised local cluster (3 workers, 2 state servers, 12 partitions) runs a
-keyed count (wordcount) that first receives every key once, then a steady
-load of updates to random keys (each window touches at most ``window_size``
+keyed count (wordcount) that first receives every key once, then, once the
+build's aftermath is over (see :func:`settle`), a steady load of updates to
+random keys (each window touches at most ``window_size``
 keys). Then one worker is killed with SIGKILL while the load goes on, and it
 records:
 
@@ -112,9 +113,10 @@ async def settle(cluster: LocalCluster) -> float:
     closing windows under load), not during it: the members together must
     use less than ``SETTLED_CORES`` for ``SETTLED_FOR_S``. Gives up after
     ``SETTLE_LIMIT_S`` (the steady figures then include the aftermath)."""
-    pids = [member.pid for member in cluster.members.values()]
     started = time.monotonic()
     while time.monotonic() - started < SETTLE_LIMIT_S:
+        # The members' pids anew each turn: a supervised member may have restarted.
+        pids = [member.pid for member in cluster.members.values()]
         before = sum(process_cpu_seconds(pid) for pid in pids)
         await asyncio.sleep(SETTLED_FOR_S)
         used = sum(process_cpu_seconds(pid) for pid in pids) - before
