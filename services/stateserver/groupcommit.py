@@ -8,18 +8,25 @@ transaction and resolves every caller's future only after ``COMMIT`` returned,
 so an acknowledged write is a durable write.
 
 An *urgent* write (a new owner claiming an operator before it reads its
-state) skips the queue: it is committed in a transaction of its own before
-the next group, so a takeover waits for at most the write being run, not for
-every write queued behind a busy store: a group in progress commits what it
-has written when an urgent write arrives and runs the rest after it. Reordering is safe
-because every fenced write checks the fence again inside its transaction.
+state) waits for no other write. It is committed in a transaction of its own
+before the next group; a group in progress when it arrives gives way: between
+two writes the group commits what it has and runs the rest after it, and in
+the middle of a write its statement is interrupted (``sqlite3_interrupt``),
+the whole group rolled back and run again after the urgent write. Reordering
+and re-running are safe because every write is idempotent and every fenced
+write checks the fence again inside its transaction. At 10M keys one window's
+random B-tree writes can take a second; a takeover's claim must not wait for
+them.
 
 A *preemptible* write (a compaction fold: background work whose every
-outcome reads the same) runs in a transaction of its own, and an urgent write
-arriving meanwhile interrupts it (``sqlite3_interrupt``): it is rolled back
-and its caller gets :class:`Preempted`, to run it again later. A fold into a
-large base can take seconds of random B-tree writes; a takeover's claim must
-not wait for it.
+outcome reads the same) runs in a transaction of its own; interrupted, its
+caller gets :class:`Preempted`, to run it again later, instead of having it
+run again at once.
+
+The write-ahead log is copied back into the database (a checkpoint) by the
+writer between groups, as a statement of its own that an urgent write
+interrupts too, not by SQLite inside ``COMMIT``: at 10M keys that copy
+tripled a commit's time, and a claim waited for it.
 """
 
 from __future__ import annotations
@@ -43,9 +50,13 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 PREEMPT_POLL_S = 0.005
-"""How often a preemptible write in progress looks for an urgent one (an
-interrupt that lands between two of its statements is lost, so it is sent
-again until the write ends)."""
+"""How often a group or checkpoint in progress looks for an urgent write (an
+interrupt that lands between two statements is lost, so it is sent again
+until the group gives way or ends)."""
+
+CHECKPOINT_EVERY_S = 1.0
+"""How often the writer copies the write-ahead log back into the database
+(SQLite's own automatic checkpoint, inside a commit, is turned off)."""
 
 SLOW_TRANSACTION_S = 0.25
 """A transaction this long is logged: everything queued waited for it."""
@@ -78,6 +89,11 @@ async def _noop(_conn: aiosqlite.Connection) -> None:
     """The op behind :meth:`GroupCommitter.flush`: commits nothing, waits its turn."""
 
 
+def _is_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is SQLite's answer to ``sqlite3_interrupt``."""
+    return isinstance(exc, sqlite3.OperationalError) and "interrupt" in str(exc)
+
+
 def _storage_error(exc: BaseException) -> GridstreamError:
     """What a caller sees when SQLite failed: typed errors pass, the rest is wrapped."""
     if isinstance(exc, GridstreamError):
@@ -101,9 +117,14 @@ class GroupCommitter:
     """
 
     def __init__(
-        self, conn: aiosqlite.Connection, max_group: int = 1000, max_queued: int = 10_000
+        self, conn: aiosqlite.Connection, max_group: int = 1000, max_queued: int = 10_000,
+        after_rollback: Callable[[aiosqlite.Connection], Awaitable[None]] | None = None,
     ) -> None:
         self._conn = conn
+        self._after_rollback = after_rollback
+        """Run after every rollback: the owner's mirrors of committed rows
+        (the store's fences) read them again, since a write changed them
+        before its transaction was rolled back."""
         self._max_group = max_group
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=max_queued)
         self._urgent: deque[_Pending] = deque()
@@ -114,9 +135,11 @@ class GroupCommitter:
         self._carried: deque[_Pending] = deque()
         """Writes of a group cut short for an urgent one: they go first next."""
         self._preempting = False
-        """Set when the preemptible write in progress was interrupted."""
+        """Set when the group or checkpoint in progress was interrupted."""
         self.preempted = 0
-        """Preemptible writes rolled back for an urgent one so far."""
+        """Groups rolled back mid-write for an urgent write so far."""
+        self.checkpoints = 0
+        """Copies of the write-ahead log into the database finished so far."""
         self.commits = 0
         """Transactions committed; fewer than writes when grouping works."""
         self.longest_s = 0.0
@@ -177,34 +200,42 @@ class GroupCommitter:
             await self._task
 
     async def _run(self) -> None:
-        """Writer loop: take everything queued (up to ``max_group``), commit it as one."""
+        """Writer loop: take everything queued (up to ``max_group``), commit it
+        as one, and copy the write-ahead log back now and then."""
         try:
+            # The writer checkpoints between groups (see the module), never
+            # SQLite inside a COMMIT.
+            await self._conn.execute("PRAGMA wal_autocheckpoint=0")
+            last_checkpoint = time.monotonic()
             while True:
                 if not self._urgent and not self._carried and self._queue.empty():
                     self._ready.clear()
                     await self._ready.wait()
                     continue
-                group = self._next_group()
+                group, urgent = self._next_group()
                 try:
-                    await self._commit_group(group)
+                    await self._commit_group(group, urgent)
                 except Exception:  # a bug here must not strand the callers or the loop
                     log.exception("group commit failed unexpectedly")
                     for pending in group:
                         if not pending.future.done():
                             pending.future.set_exception(_storage_error(RuntimeError()))
+                if time.monotonic() - last_checkpoint >= CHECKPOINT_EVERY_S:
+                    if await self._checkpoint():
+                        last_checkpoint = time.monotonic()
         finally:
             self._closing = True
             self._fail_queued()
 
-    def _next_group(self) -> list[_Pending]:
-        """The writes of the next transaction: every urgent one; otherwise the
-        carried and queued ones in order, up to ``max_group``, a preemptible
-        one always alone."""
+    def _next_group(self) -> tuple[list[_Pending], bool]:
+        """The writes of the next transaction and whether they are urgent:
+        every urgent one; otherwise the carried and queued ones in order, up
+        to ``max_group``, a preemptible one always alone."""
         group: list[_Pending] = []
         if self._urgent:
             while self._urgent:
                 group.append(self._urgent.popleft())
-            return group
+            return group, True
         while len(group) < self._max_group and (self._carried or not self._queue.empty()):
             pending = self._carried.popleft() if self._carried else self._queue.get_nowait()
             if pending.preemptible:
@@ -214,7 +245,7 @@ class GroupCommitter:
                     group.append(pending)
                 break
             group.append(pending)
-        return group
+        return group, False
 
     def _fail_queued(self) -> None:
         """Fails writes still queued when the writer stops, so no caller waits forever."""
@@ -227,8 +258,9 @@ class GroupCommitter:
                                 "retry after restart")
                 )
 
-    async def _commit_group(self, group: list[_Pending]) -> None:
-        """One transaction for the group; on any failure, each op again on its own."""
+    async def _commit_group(self, group: list[_Pending], urgent: bool = False) -> None:
+        """One transaction for the group; on any failure, each op again on its
+        own; a group that is not ``urgent`` gives way to an urgent write."""
         live = [p for p in group if not p.future.done()]  # callers that gave up are skipped
         if all(pending.op is _noop for pending in live):  # only flushes: nothing to commit
             for pending in live:
@@ -236,20 +268,13 @@ class GroupCommitter:
             return
         results: list[Any] = []
         began = time.monotonic()
-        cut = len(live)
         try:
             await self._conn.execute("BEGIN IMMEDIATE")
-            for i, pending in enumerate(live):
-                results.append(await (self._run_preemptible(pending.op) if pending.preemptible
-                                      else pending.op(self._conn)))
-                if self._urgent and i + 1 < len(live):
-                    # A takeover's claim arrived: commit what is written and
-                    # run the rest after the claim, so the claim waits for one
-                    # write, not for a whole group of them.
-                    cut = i + 1
-                    break
+            if urgent:
+                await self._run_ops(live, results, cut_for_urgent=False)
+            else:
+                await self._giving_way(self._run_ops(live, results, cut_for_urgent=True))
             await self._conn.execute("COMMIT")
-            self._preempting = False  # an interrupt that came too late changed nothing
         except asyncio.CancelledError:
             await self._rollback()
             for pending in live:
@@ -261,11 +286,9 @@ class GroupCommitter:
             raise
         except Exception as exc:
             await self._rollback()
-            if self._preempting and isinstance(exc, sqlite3.OperationalError):
+            if self._preempting and _is_interrupt(exc):
                 self._preempting = False
-                self.preempted += 1
-                live[0].future.set_exception(Preempted(
-                    "rolled back to let a takeover's claim go first; run it again"))
+                self._give_way(live)
                 return
             self._preempting = False
             if len(live) > 1:
@@ -278,14 +301,15 @@ class GroupCommitter:
             if not live[0].future.done():
                 live[0].future.set_exception(error)
             return
-        live, rest = live[:cut], live[cut:]
+        self._preempting = False  # an interrupt that came too late changed nothing
+        live, rest = live[:len(results)], live[len(results):]
         self._carried.extendleft(reversed(rest))
         self.commits += 1
         self.writes += sum(pending.op is not _noop for pending in live)
         took = time.monotonic() - began
         self.longest_s = max(self.longest_s, took)
         if took >= SLOW_TRANSACTION_S:
-            # Every write queued behind it waited as long, a takeover's claim too.
+            # Every write queued behind it waited as long.
             kinds = Counter(getattr(p.op, "__qualname__", "?").split(".<locals>")[0]
                             for p in live)
             log.info("a transaction of %d writes took %.3fs (%s)", len(live), took,
@@ -294,11 +318,35 @@ class GroupCommitter:
             if not pending.future.done():
                 pending.future.set_result(result)
 
-    async def _run_preemptible(self, op: WriteOp[Any]) -> Any:
-        """Runs ``op`` (alone in its transaction), interrupting its statements
-        while an urgent write waits: it then fails with sqlite3's
-        OperationalError, which :meth:`_commit_group` turns into Preempted."""
-        task = asyncio.ensure_future(op(self._conn))
+    async def _run_ops(self, live: list[_Pending], results: list[Any],
+                       cut_for_urgent: bool) -> None:
+        """Runs the group's writes in order, appending their results; with
+        ``cut_for_urgent`` it stops between two writes when an urgent write
+        waits (the caller commits what ran and carries the rest)."""
+        for i, pending in enumerate(live):
+            results.append(await pending.op(self._conn))
+            if cut_for_urgent and self._urgent and i + 1 < len(live):
+                return
+
+    def _give_way(self, live: list[_Pending]) -> None:
+        """After a group was interrupted and rolled back for an urgent write:
+        a preemptible write's caller hears so, the others run again after it."""
+        self.preempted += 1
+        again = []
+        for pending in live:
+            if pending.preemptible:
+                pending.future.set_exception(Preempted(
+                    "rolled back to let a takeover's claim go first; run it again"))
+            else:
+                again.append(pending)
+        self._carried.extendleft(reversed(again))
+
+    async def _giving_way(self, work: Awaitable[_T]) -> _T:
+        """Runs ``work`` (statements on the write connection), interrupting
+        them while an urgent write waits: the statement in progress then fails
+        with sqlite3's OperationalError, which the caller reads as having
+        given way (``_preempting`` is set)."""
+        task = asyncio.ensure_future(work)
         try:
             while True:
                 done, _ = await asyncio.wait({task}, timeout=PREEMPT_POLL_S)
@@ -313,11 +361,31 @@ class GroupCommitter:
                 with contextlib.suppress(asyncio.CancelledError, sqlite3.Error):
                     await task
 
+    async def _checkpoint(self) -> bool:
+        """Copies the write-ahead log back into the database, giving way to an
+        urgent write; True when the copy finished (a copy cut short is
+        redone whole next time, and a failure is logged and retried)."""
+        try:
+            await self._giving_way(
+                self._conn.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)"))
+        except sqlite3.Error as exc:
+            interrupted, self._preempting = self._preempting and _is_interrupt(exc), False
+            if not interrupted:
+                log.warning("copying the write-ahead log into the database failed (%s); "
+                            "retrying later", exc)
+            return False
+        self._preempting = False
+        self.checkpoints += 1
+        return True
+
     async def _rollback(self) -> None:
-        """Ends a failed transaction; a rollback that fails too is only logged."""
+        """Ends a failed transaction (SQLite may have rolled it back already)
+        and lets the owner re-read its mirrors; a failure here is only logged."""
         try:
             if self._conn.in_transaction:
                 await self._conn.execute("ROLLBACK")
+            if self._after_rollback is not None:
+                await self._after_rollback(self._conn)
         except sqlite3.Error:
             log.exception("rollback failed")
 

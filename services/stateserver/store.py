@@ -107,7 +107,7 @@ class SnapshotStore:
         self._committer: GroupCommitter | None = None
         self._fences: dict[tuple[str, str], tuple[int, int]] = {}
         """(job, operator) -> (fence epoch, highest result version), mirrored
-        from the operators table and only changed inside committed writes."""
+        from the operators table: changed by writes, read again after a rollback."""
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -124,11 +124,7 @@ class SnapshotStore:
             await self._check_schema(writer)
             await writer.executescript(SCHEMA)
             await writer.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            self._fences = {
-                (row[0], row[1]): (int(row[2]), int(row[3]))
-                for row in await writer.execute_fetchall(
-                    "SELECT job_id, operator_id, epoch, results_version FROM operators")
-            }
+            await self._load_fences(writer)
             reader = await aiosqlite.connect(self.path, isolation_level=None)
         except BaseException:
             await writer.close()
@@ -141,12 +137,21 @@ class SnapshotStore:
             await writer.close()
             raise
         self._writer, self._reader = writer, reader
-        self._committer = GroupCommitter(writer)
+        self._committer = GroupCommitter(writer, after_rollback=self._load_fences)
         self._committer.start()
         self.states.start()
         log.info("state store open at %s (keep %d windows per operator)", self.path,
                  self.keep_windows)
         return self
+
+    async def _load_fences(self, conn: aiosqlite.Connection) -> None:
+        """Reads the fence mirror from the database: at open, and after a
+        rollback (writes raise the mirror before they commit)."""
+        self._fences = {
+            (row[0], row[1]): (int(row[2]), int(row[3]))
+            for row in await conn.execute_fetchall(
+                "SELECT job_id, operator_id, epoch, results_version FROM operators")
+        }
 
     async def _check_schema(self, conn: aiosqlite.Connection) -> None:
         """Refuses a database written by an older layout, naming the fix."""

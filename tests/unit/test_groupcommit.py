@@ -12,6 +12,8 @@ import aiosqlite
 import pytest
 import pytest_asyncio
 
+from gridstream.errors import Unavailable
+from services.stateserver import groupcommit
 from services.stateserver.groupcommit import GroupCommitter, Preempted
 
 
@@ -164,3 +166,91 @@ async def test_a_write_whose_caller_gave_up_is_still_committed(
     async with aiosqlite.connect(tmp_path / "db.sqlite3") as reader:
         names = [row[0] for row in await reader.execute_fetchall("SELECT name FROM t")]
     assert names == ["given up"]
+
+
+def long_statement(ran: list[str], name: str, started: asyncio.Event
+                   ) -> Callable[[aiosqlite.Connection], Awaitable[None]]:
+    """A write that holds the writer in one statement of many seconds the
+    first time it runs (random writes into a big base, in miniature), and is
+    quick when run again."""
+    async def op(conn: aiosqlite.Connection) -> None:
+        await conn.execute("INSERT INTO t VALUES (?)", (name,))
+        ran.append(name)
+        if ran.count(name) == 1:
+            started.set()
+            await conn.execute_fetchall(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                "WHERE i < 2000000000) SELECT count(*) FROM n")
+    return op
+
+
+async def test_an_urgent_write_interrupts_a_group_mid_write_and_the_group_runs_again(
+        committer: GroupCommitter, tmp_path: Path) -> None:
+    """A takeover's claim waits for no write in progress: the group's
+    statement is interrupted, the group rolled back, the claim committed, and
+    then every write of the group stored once, none lost."""
+    ran: list[str] = []
+    gate, in_w1, busy = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def held(conn: aiosqlite.Connection) -> None:  # keeps the writer busy
+        busy.set()
+        await gate.wait()
+
+    first = asyncio.ensure_future(committer.submit(held))
+    await busy.wait()
+    group = [asyncio.ensure_future(committer.submit(insert("w0", ran))),
+             asyncio.ensure_future(committer.submit(long_statement(ran, "w1", in_w1))),
+             asyncio.ensure_future(committer.submit(insert("w2", ran)))]
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.wait_for(in_w1.wait(), 10)  # the group is in w1's long statement
+    claim = committer.submit(insert("claim", ran), urgent=True)
+    await asyncio.wait_for(claim, 10)  # the statement alone would take minutes
+    await asyncio.wait_for(asyncio.gather(first, *group), 10)
+    assert ran == ["w0", "w1", "claim", "w0", "w1", "w2"]
+    assert committer.preempted == 1
+    async with aiosqlite.connect(tmp_path / "db.sqlite3") as reader:
+        names = sorted(row[0] for row in await reader.execute_fetchall("SELECT name FROM t"))
+    assert names == ["claim", "w0", "w1", "w2"]  # the interrupted run left nothing
+
+
+async def test_the_owner_rereads_its_mirrors_after_a_rollback(tmp_path: Path) -> None:
+    conn = await aiosqlite.connect(tmp_path / "db.sqlite3", isolation_level=None)
+    await conn.execute("CREATE TABLE t (name TEXT UNIQUE)")
+    reread: list[int] = []
+
+    async def reread_mirror(c: aiosqlite.Connection) -> None:
+        reread.append(len(await c.execute_fetchall("SELECT name FROM t")))
+
+    committer = GroupCommitter(conn, after_rollback=reread_mirror)
+    committer.start()
+    try:
+        await committer.submit(insert("a", []))
+        assert reread == []
+        with pytest.raises(Unavailable):
+            await committer.submit(insert("a", []))  # violates UNIQUE: rolled back
+        assert reread == [1]  # read after the rollback: the committed row only
+    finally:
+        await committer.close()
+        await conn.close()
+
+
+async def test_the_writer_copies_the_log_back_between_groups(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's automatic checkpoint inside COMMIT is off; the writer copies
+    the write-ahead log back itself, so the log does not grow without end."""
+    monkeypatch.setattr(groupcommit, "CHECKPOINT_EVERY_S", 0.0)
+    conn = await aiosqlite.connect(tmp_path / "db.sqlite3", isolation_level=None)
+    await conn.execute("PRAGMA journal_mode=WAL")
+    await conn.execute("CREATE TABLE t (name TEXT)")
+    committer = GroupCommitter(conn)
+    committer.start()
+    try:
+        for i in range(5):
+            await committer.submit(insert(f"w{i}", []))
+        await committer.flush()
+        assert list(await conn.execute_fetchall("PRAGMA wal_autocheckpoint")) == [(0,)]
+        assert committer.checkpoints >= 4
+    finally:
+        await committer.close()
+        await conn.close()

@@ -6,6 +6,7 @@ import asyncio
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -250,3 +251,43 @@ async def test_hand_back_never_drops_a_write_it_did_not_compare(store: SnapshotS
     [compared] = await store.holdings(JOB)
     assert await store.drop_operator(JOB, OP, unless_changed_from=compared) is True
     assert await store.holdings(JOB) == []
+
+
+async def test_a_write_run_again_after_giving_way_to_a_claim_is_stored_whole(
+        store: SnapshotStore) -> None:
+    """A group interrupted for a takeover's claim is rolled back and run
+    again. A write in it had already raised the store's fence mirror; the
+    mirror is read again after the rollback, so the second run stores the
+    operator's result version instead of taking it for stored."""
+    op, other = f"{JOB}/t0/p1", f"{JOB}/t0/p2"
+    gate, in_long, busy = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    runs: list[int] = []
+
+    async def held(conn: Any) -> None:  # keeps the writer busy while the group queues
+        busy.set()
+        await gate.wait()
+
+    async def long_first_run(conn: Any) -> None:  # a window's slow statement
+        runs.append(1)
+        if len(runs) == 1:
+            in_long.set()
+            await conn.execute_fetchall(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                "WHERE i < 2000000000) SELECT count(*) FROM n")
+
+    committer = store._commit()
+    first = asyncio.ensure_future(committer.submit(held))
+    await busy.wait()
+    write = asyncio.ensure_future(
+        store.write_results(JOB, [("a", "1")], operator_id=op, epoch=3, version=11))
+    await asyncio.sleep(0)  # the write is queued first (tasks start in order)
+    slow = asyncio.ensure_future(committer.submit(long_first_run))
+    await asyncio.sleep(0)
+    gate.set()
+    await asyncio.wait_for(in_long.wait(), 10)
+    head = await asyncio.wait_for(store.states.head(JOB, other, claim_epoch=5), 10)
+    assert head is None
+    await asyncio.wait_for(asyncio.gather(first, write, slow), 10)
+    assert committer.preempted == 1 and runs == [1, 1]
+    held_now = {h.operator_id: (h.results_version, h.epoch) for h in await store.holdings(JOB)}
+    assert held_now == {op: (11, 3), other: (0, 5)}
