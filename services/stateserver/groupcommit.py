@@ -288,7 +288,7 @@ class GroupCommitter:
             await self._rollback()
             if self._preempting and _is_interrupt(exc):
                 self._preempting = False
-                self._give_way(live)
+                self._give_way(live, time.monotonic() - began)
                 return
             self._preempting = False
             if len(live) > 1:
@@ -328,9 +328,10 @@ class GroupCommitter:
             if cut_for_urgent and self._urgent and i + 1 < len(live):
                 return
 
-    def _give_way(self, live: list[_Pending]) -> None:
-        """After a group was interrupted and rolled back for an urgent write:
-        a preemptible write's caller hears so, the others run again after it."""
+    def _give_way(self, live: list[_Pending], ran_s: float) -> None:
+        """After a group was interrupted and rolled back for an urgent write
+        (``ran_s`` into it): a preemptible write's caller hears so, the
+        others run again after it."""
         self.preempted += 1
         again = []
         for pending in live:
@@ -340,6 +341,9 @@ class GroupCommitter:
             else:
                 again.append(pending)
         self._carried.extendleft(reversed(again))
+        if again:
+            log.info("a transaction of %d writes gave way to a takeover's claim after %.3fs; "
+                     "they run again after it", len(again), ran_s)
 
     async def _giving_way(self, work: Awaitable[_T]) -> _T:
         """Runs ``work`` (statements on the write connection), interrupting
