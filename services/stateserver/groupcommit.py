@@ -61,6 +61,10 @@ CHECKPOINT_EVERY_S = 1.0
 SLOW_TRANSACTION_S = 0.25
 """A transaction this long is logged: everything queued waited for it."""
 
+SLOW_URGENT_WAIT_S = 0.1
+"""An urgent write that waited this long for the writer is logged, with what
+the writer was doing when it arrived."""
+
 WriteOp = Callable[[aiosqlite.Connection], Awaitable[_T]]
 """A write: runs statements on the write connection inside the writer's
 transaction and returns the caller's result. It must touch nothing but the
@@ -83,10 +87,30 @@ class _Pending:
     op: WriteOp[Any]
     future: asyncio.Future[Any]
     preemptible: bool = False
+    queued_at: float = 0.0
+    """When it was submitted (``time.monotonic``)."""
+    writer_was: str = ""
+    """What the writer was doing when it was submitted (urgent writes)."""
 
 
 async def _noop(_conn: aiosqlite.Connection) -> None:
     """The op behind :meth:`GroupCommitter.flush`: commits nothing, waits its turn."""
+
+
+def _kinds(group: list[_Pending]) -> str:
+    """The kinds of write in a group, most frequent first, for the log."""
+    kinds = Counter(getattr(p.op, "__qualname__", "?").split(".<locals>")[0] for p in group)
+    return ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
+
+
+def _log_slow_urgent(group: list[_Pending], began: float) -> None:
+    """Logs an urgent group whose first write waited long for the writer:
+    a takeover waits as long, so the log says what the writer was busy with."""
+    first = min(group, key=lambda pending: pending.queued_at)
+    waited = began - first.queued_at
+    if waited >= SLOW_URGENT_WAIT_S:
+        log.info("%d urgent writes (%s) waited %.3fs for the writer, which was busy with %s "
+                 "when the first arrived", len(group), _kinds(group), waited, first.writer_was)
 
 
 def _is_interrupt(exc: BaseException) -> bool:
@@ -136,6 +160,8 @@ class GroupCommitter:
         """Writes of a group cut short for an urgent one: they go first next."""
         self._preempting = False
         """Set when the group or checkpoint in progress was interrupted."""
+        self._busy_with = "nothing"
+        """What the writer is doing, for the log line of a slow urgent write."""
         self.preempted = 0
         """Groups rolled back mid-write for an urgent write so far."""
         self.checkpoints = 0
@@ -171,7 +197,8 @@ class GroupCommitter:
                               "or after restart")
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if urgent:
-            self._urgent.append(_Pending(op, future))
+            self._urgent.append(_Pending(op, future, queued_at=time.monotonic(),
+                                         writer_was=self._busy_with))
         else:
             await self._queue.put(_Pending(op, future, preemptible))
         self._ready.set()
@@ -213,6 +240,7 @@ class GroupCommitter:
                     await self._ready.wait()
                     continue
                 group, urgent = self._next_group()
+                self._busy_with = f"a transaction of {len(group)} writes ({_kinds(group)})"
                 try:
                     await self._commit_group(group, urgent)
                 except Exception:  # a bug here must not strand the callers or the loop
@@ -221,8 +249,10 @@ class GroupCommitter:
                         if not pending.future.done():
                             pending.future.set_exception(_storage_error(RuntimeError()))
                 if time.monotonic() - last_checkpoint >= CHECKPOINT_EVERY_S:
+                    self._busy_with = "copying the write-ahead log back"
                     if await self._checkpoint():
                         last_checkpoint = time.monotonic()
+                self._busy_with = "nothing"
         finally:
             self._closing = True
             self._fail_queued()
@@ -271,6 +301,7 @@ class GroupCommitter:
         try:
             await self._conn.execute("BEGIN IMMEDIATE")
             if urgent:
+                _log_slow_urgent(live, began)
                 await self._run_ops(live, results, cut_for_urgent=False)
             else:
                 await self._giving_way(self._run_ops(live, results, cut_for_urgent=True))
@@ -310,10 +341,8 @@ class GroupCommitter:
         self.longest_s = max(self.longest_s, took)
         if took >= SLOW_TRANSACTION_S:
             # Every write queued behind it waited as long.
-            kinds = Counter(getattr(p.op, "__qualname__", "?").split(".<locals>")[0]
-                            for p in live)
             log.info("a transaction of %d writes took %.3fs (%s)", len(live), took,
-                     ", ".join(f"{n} {kind}" for kind, n in kinds.most_common()))
+                     _kinds(live))
         for pending, result in zip(live, results, strict=True):
             if not pending.future.done():
                 pending.future.set_result(result)
