@@ -23,10 +23,14 @@ outcome reads the same) runs in a transaction of its own; interrupted, its
 caller gets :class:`Preempted`, to run it again later, instead of having it
 run again at once.
 
-The write-ahead log is copied back into the database (a checkpoint) by the
-writer between groups, as a statement of its own that an urgent write
-interrupts too, not by SQLite inside ``COMMIT``: at 10M keys that copy
-tripled a commit's time, and a claim waited for it.
+Given a connection of its own for it, the committer copies the write-ahead
+log back into the database (a checkpoint) itself, between groups, instead of
+SQLite inside a ``COMMIT`` (at millions of keys the copy took four times as
+long as the commit, and a claim waited for both). The copy runs on that other
+connection while the writer starts no group, so it finishes and the log
+restarts from its beginning (a checkpoint beside a writer that never pauses
+never catches up, and the log grows without end); an urgent write arriving
+meanwhile is committed at once, beside the copy, which SQLite allows.
 """
 
 from __future__ import annotations
@@ -143,8 +147,12 @@ class GroupCommitter:
     def __init__(
         self, conn: aiosqlite.Connection, max_group: int = 1000, max_queued: int = 10_000,
         after_rollback: Callable[[aiosqlite.Connection], Awaitable[None]] | None = None,
+        checkpoint_conn: aiosqlite.Connection | None = None,
     ) -> None:
         self._conn = conn
+        self._checkpoint_conn = checkpoint_conn
+        """Copies the write-ahead log back (see the module); without it SQLite
+        does so itself inside a COMMIT."""
         self._after_rollback = after_rollback
         """Run after every rollback: the owner's mirrors of committed rows
         (the store's fences) read them again, since a write changed them
@@ -230,9 +238,8 @@ class GroupCommitter:
         """Writer loop: take everything queued (up to ``max_group``), commit it
         as one, and copy the write-ahead log back now and then."""
         try:
-            # The writer checkpoints between groups (see the module), never
-            # SQLite inside a COMMIT.
-            await self._conn.execute("PRAGMA wal_autocheckpoint=0")
+            if self._checkpoint_conn is not None:  # checkpoints between groups, not in COMMIT
+                await self._conn.execute("PRAGMA wal_autocheckpoint=0")
             last_checkpoint = time.monotonic()
             while True:
                 if not self._urgent and not self._carried and self._queue.empty():
@@ -241,21 +248,27 @@ class GroupCommitter:
                     continue
                 group, urgent = self._next_group()
                 self._busy_with = f"a transaction of {len(group)} writes ({_kinds(group)})"
-                try:
-                    await self._commit_group(group, urgent)
-                except Exception:  # a bug here must not strand the callers or the loop
-                    log.exception("group commit failed unexpectedly")
-                    for pending in group:
-                        if not pending.future.done():
-                            pending.future.set_exception(_storage_error(RuntimeError()))
-                if time.monotonic() - last_checkpoint >= CHECKPOINT_EVERY_S:
+                await self._commit_safely(group, urgent)
+                if (self._checkpoint_conn is not None
+                        and time.monotonic() - last_checkpoint >= CHECKPOINT_EVERY_S):
                     self._busy_with = "copying the write-ahead log back"
-                    if await self._checkpoint():
-                        last_checkpoint = time.monotonic()
+                    await self._checkpoint(self._checkpoint_conn)
+                    last_checkpoint = time.monotonic()
                 self._busy_with = "nothing"
         finally:
             self._closing = True
             self._fail_queued()
+
+    async def _commit_safely(self, group: list[_Pending], urgent: bool) -> None:
+        """:meth:`_commit_group`, where a bug fails the group's callers
+        instead of stranding them or stopping the writer."""
+        try:
+            await self._commit_group(group, urgent)
+        except Exception:
+            log.exception("group commit failed unexpectedly")
+            for pending in group:
+                if not pending.future.done():
+                    pending.future.set_exception(_storage_error(RuntimeError()))
 
     def _next_group(self) -> tuple[list[_Pending], bool]:
         """The writes of the next transaction and whether they are urgent:
@@ -394,22 +407,35 @@ class GroupCommitter:
                 with contextlib.suppress(asyncio.CancelledError, sqlite3.Error):
                     await task
 
-    async def _checkpoint(self) -> bool:
-        """Copies the write-ahead log back into the database, giving way to an
-        urgent write; True when the copy finished (a copy cut short is
-        redone whole next time, and a failure is logged and retried)."""
+    async def _checkpoint(self, conn: aiosqlite.Connection) -> None:
+        """Copies the write-ahead log back into the database on ``conn``,
+        committing urgent writes that arrive meanwhile beside it; a failure is
+        logged and the copy tried again next time."""
+        copy = asyncio.ensure_future(conn.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)"))
+        began = time.monotonic()
         try:
-            await self._giving_way(
-                self._conn.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)"))
+            while True:
+                done, _ = await asyncio.wait({copy}, timeout=PREEMPT_POLL_S)
+                if done:
+                    break
+                if self._urgent:
+                    group, _ = self._next_group()
+                    await self._commit_safely(group, urgent=True)
+            copy.result()
         except sqlite3.Error as exc:
-            interrupted, self._preempting = self._preempting and _is_interrupt(exc), False
-            if not interrupted:
-                log.warning("copying the write-ahead log into the database failed (%s); "
-                            "retrying later", exc)
-            return False
-        self._preempting = False
+            log.warning("copying the write-ahead log into the database failed (%s); "
+                        "retrying later", exc)
+            return
+        finally:
+            if not copy.done():  # the writer itself is being cancelled
+                copy.cancel()
+                with contextlib.suppress(asyncio.CancelledError, sqlite3.Error):
+                    await copy
         self.checkpoints += 1
-        return True
+        took = time.monotonic() - began
+        if took >= SLOW_TRANSACTION_S:
+            log.info("copying the write-ahead log back took %.3fs (urgent writes went "
+                     "ahead meanwhile, the rest waited)", took)
 
     async def _rollback(self) -> None:
         """Ends a failed transaction (SQLite may have rolled it back already)

@@ -104,6 +104,8 @@ class SnapshotStore:
         """Operators' keyed state: window deltas compacted into a base."""
         self._writer: aiosqlite.Connection | None = None
         self._reader: aiosqlite.Connection | None = None
+        self._checkpoints: aiosqlite.Connection | None = None
+        """Copies the write-ahead log back for the committer (see groupcommit)."""
         self._committer: GroupCommitter | None = None
         self._fences: dict[tuple[str, str], tuple[int, int]] = {}
         """(job, operator) -> (fence epoch, highest result version), mirrored
@@ -132,12 +134,14 @@ class SnapshotStore:
         try:
             await reader.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             await reader.execute("PRAGMA query_only=ON")
+            checkpoints = await aiosqlite.connect(self.path, isolation_level=None)
         except BaseException:
             await reader.close()
             await writer.close()
             raise
-        self._writer, self._reader = writer, reader
-        self._committer = GroupCommitter(writer, after_rollback=self._load_fences)
+        self._writer, self._reader, self._checkpoints = writer, reader, checkpoints
+        self._committer = GroupCommitter(writer, after_rollback=self._load_fences,
+                                         checkpoint_conn=checkpoints)
         self._committer.start()
         self.states.start()
         log.info("state store open at %s (keep %d windows per operator)", self.path,
@@ -171,18 +175,18 @@ class SnapshotStore:
 
         Safe to call twice; afterwards every call fails with UNAVAILABLE.
         """
-        committer, writer, reader = self._committer, self._writer, self._reader
+        committer = self._committer
+        connections = (self._checkpoints, self._reader, self._writer)  # the writer last
         if committer is None:
             return
         try:
             await self.states.close()
             await committer.close()
         finally:
-            self._committer = self._writer = self._reader = None
-            if reader is not None:
-                await reader.close()
-            if writer is not None:
-                await writer.close()
+            self._committer = self._writer = self._reader = self._checkpoints = None
+            for conn in connections:
+                if conn is not None:
+                    await conn.close()
         log.info("state store at %s closed", self.path)
 
     async def __aenter__(self) -> SnapshotStore:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import cast
 
 import aiosqlite
 import pytest
@@ -237,13 +238,15 @@ async def test_the_owner_rereads_its_mirrors_after_a_rollback(tmp_path: Path) ->
 
 async def test_the_writer_copies_the_log_back_between_groups(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SQLite's automatic checkpoint inside COMMIT is off; the writer copies
-    the write-ahead log back itself, so the log does not grow without end."""
+    """SQLite's automatic checkpoint inside COMMIT is off; the committer
+    copies the write-ahead log back itself, on its own connection."""
     monkeypatch.setattr(groupcommit, "CHECKPOINT_EVERY_S", 0.0)
-    conn = await aiosqlite.connect(tmp_path / "db.sqlite3", isolation_level=None)
+    path = tmp_path / "db.sqlite3"
+    conn = await aiosqlite.connect(path, isolation_level=None)
     await conn.execute("PRAGMA journal_mode=WAL")
     await conn.execute("CREATE TABLE t (name TEXT)")
-    committer = GroupCommitter(conn)
+    checkpoints = await aiosqlite.connect(path, isolation_level=None)
+    committer = GroupCommitter(conn, checkpoint_conn=checkpoints)
     committer.start()
     try:
         for i in range(5):
@@ -252,5 +255,47 @@ async def test_the_writer_copies_the_log_back_between_groups(
         assert list(await conn.execute_fetchall("PRAGMA wal_autocheckpoint")) == [(0,)]
         assert committer.checkpoints >= 4
     finally:
+        await committer.close()
+        await checkpoints.close()
+        await conn.close()
+
+
+class HeldCopy:
+    """A checkpoint connection whose copy lasts until released: a long copy
+    of the log (its file sync cannot be interrupted), in miniature."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def execute_fetchall(self, sql: str) -> list[tuple[int, int, int]]:
+        assert sql == "PRAGMA wal_checkpoint(PASSIVE)"
+        self.started.set()
+        await self.release.wait()
+        return [(0, 0, 0)]
+
+
+async def test_an_urgent_write_goes_ahead_beside_a_copy_of_the_log(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A takeover's claim does not wait for the log being copied back; an
+    ordinary write does (the copy runs between groups)."""
+    monkeypatch.setattr(groupcommit, "CHECKPOINT_EVERY_S", 0.0)
+    conn = await aiosqlite.connect(tmp_path / "db.sqlite3", isolation_level=None)
+    await conn.execute("CREATE TABLE t (name TEXT)")
+    copy = HeldCopy()
+    committer = GroupCommitter(conn, checkpoint_conn=cast(aiosqlite.Connection, copy))
+    committer.start()
+    try:
+        order: list[str] = []
+        first = asyncio.ensure_future(committer.submit(insert("first", order)))
+        await asyncio.wait_for(copy.started.wait(), 10)  # the copy after the first group
+        queued = asyncio.ensure_future(committer.submit(insert("queued", order)))
+        await asyncio.wait_for(committer.submit(insert("claim", order), urgent=True), 10)
+        assert order == ["first", "claim"] and not queued.done()
+        copy.release.set()
+        await asyncio.wait_for(asyncio.gather(first, queued), 10)
+        assert order == ["first", "claim", "queued"]
+    finally:
+        copy.release.set()
         await committer.close()
         await conn.close()
