@@ -24,6 +24,8 @@ records:
   holds no standby);
 - heartbeat gap: the longest heartbeat age of a live worker seen by the
   scheduler during the run (0.25 s interval; the scheduler's own lag counts);
+- false deaths: members the scheduler's detector declared dead that were not
+  killed (from its log; 0 unless a busy member was convicted);
 - settle: after the build, how long the cluster stays busy with its
   aftermath (the state servers folding the build's deltas, standbys reading
   what they lack); the steady phase starts once it is over;
@@ -78,6 +80,7 @@ SETTLED_FOR_S = 2.0
 SETTLE_LIMIT_S = 300.0
 _LAG = re.compile(r"^(\S+ \S+) .*event loop lag: worst (\d+\.\d+) s in the last \S+ s, "
                   r"(\d+\.\d+) s of it computing")
+_CONVICTED = re.compile(r"^(\S+ \S+) .*epoch \d+: (\S+) declared dead \(phi")
 _STARTED = re.compile(r"^(\S+ \S+) .*?/t1/p(\d+) started: snapshot window (\S+),"
                       r".*?standby (none|window \d+ (?:adopted|not continued))"
                       r".*\((\d+\.\d+)s[:)]")
@@ -142,6 +145,19 @@ def restored_after(log_dir: Path, partitions: list[int], since_wall: float,
                 if partition not in found or wall < found[partition][0]:
                     found[partition] = (wall, float(match[5]), match[4].endswith("adopted"))
     return found
+
+
+def false_convictions(log_dir: Path, victim: str, killed_wall: float) -> int:
+    """How many times the scheduler's detector declared a member dead that was
+    not killed: any member but ``victim``, or ``victim`` before the kill."""
+    count = 0
+    for line in (log_dir / "scheduler.log").read_text(errors="replace").splitlines():
+        match = _CONVICTED.match(line)
+        if match is None:
+            continue
+        wall = datetime.strptime(match[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        count += match[2] != victim or wall < killed_wall
+    return count
 
 
 def loop_lags(log_dir: Path, since_wall: float = 0.0,
@@ -292,6 +308,7 @@ async def run_size(keys: int, seed: int, keep: Path | None = None) -> dict[str, 
             figures["heartbeat_gap_s"] = max(figures["gap_build_s"], figures["gap_steady_s"],
                                              figures["gap_recovery_s"])
             actual = await client.results(job_id)
+            figures["false_deaths"] = false_convictions(log_dir, victim, wall)
             figures["loop_lag_s"], figures["loop_held_s"] = loop_lags(log_dir)
             figures["loop_lag_recovery_s"], figures["loop_held_recovery_s"] = loop_lags(
                 log_dir, wall)
@@ -310,14 +327,15 @@ async def run_size(keys: int, seed: int, keep: Path | None = None) -> dict[str, 
 def table(rows: list[dict[str, float]]) -> str:
     head = (f"{'keys':>10}{'bytes/window':>14}{'max':>10}{'whole part.':>13}{'restore s':>11}"
             f"{'processing s':>14}{'acked s':>9}{'hb gap s':>10}{'loop lag s':>12}{'build s':>9}"
-            f"{'standby':>9}{'handback s':>12}  results")
+            f"{'standby':>9}{'handback s':>12}{'false deaths':>14}  results")
     lines = [head]
     for r in rows:
         lines.append(
             f"{int(r['keys']):>10,}{r['window_mean']:>14,.0f}{r['window_max']:>10,.0f}"
             f"{r['whole_partition']:>13,.0f}{r['restore_s']:>11.3f}{r['processing_s']:>14.2f}"
             f"{r['acked_s']:>9.2f}{r['heartbeat_gap_s']:>10.2f}{r['loop_lag_s']:>12.2f}"
-            f"{r['build_s']:>9.1f}{r['standby_share']:>9.0%}{r['handback_s']:>12.3f}  "
+            f"{r['build_s']:>9.1f}{r['standby_share']:>9.0%}{r['handback_s']:>12.3f}"
+            f"{int(r['false_deaths']):>14}  "
             f"{'match' if r['matched'] else 'DIFFER'}")
     lines.append("after the build, until the members used under "
                  f"{SETTLED_CORES} cores for {SETTLED_FOR_S:.0f} s (folds, standbys catching "
@@ -340,6 +358,8 @@ def table(rows: list[dict[str, float]]) -> str:
                  "adopted its warm standby instead of reading the whole state; handback: "
                  "the longest restore of a partition handed back to the restarted victim "
                  "(it holds no standby: a whole read)")
+    lines.append("false deaths: members the scheduler declared dead that were not killed "
+                 "(any but the victim, or the victim before the kill)")
     lines.append("bytes/window: stored window deltas of the counting task under the steady "
                  "load (mean, max); whole part.: one partition's whole state (what each "
                  "window carried before deltas)")
