@@ -318,9 +318,8 @@ class StateChains:
         ``fold_entries``/``fold_bytes`` (at least one) and writes each key
         to the base once, with its newest value among them: a key rewritten
         in every window costs one base write per fold, not one per delta.
-        The budget keeps each fold's transaction short, so a takeover's
-        claim (which waits for the transaction in progress) never waits
-        for a whole chain's fold.
+        The budget keeps each fold's transaction short, so a fold that
+        gives way to a takeover's claim (see groupcommit) loses little work.
 
         The newest delta stays apart so that a new owner continuing from its
         parent (see the module) can still drop it."""

@@ -54,13 +54,14 @@ log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 PREEMPT_POLL_S = 0.005
-"""How often a group or checkpoint in progress looks for an urgent write (an
-interrupt that lands between two statements is lost, so it is sent again
-until the group gives way or ends)."""
+"""How often a group or a copy of the log in progress looks for an urgent
+write (an interrupt that lands between two statements is lost, so it is sent
+again until the group gives way or ends)."""
 
 CHECKPOINT_EVERY_S = 1.0
-"""How often the writer copies the write-ahead log back into the database
-(SQLite's own automatic checkpoint, inside a commit, is turned off)."""
+"""How often the committer copies the write-ahead log back into the database
+when given a connection for it (SQLite's own automatic checkpoint, inside a
+commit, is then turned off)."""
 
 SLOW_TRANSACTION_S = 0.25
 """A transaction this long is logged: everything queued waited for it."""
@@ -167,7 +168,7 @@ class GroupCommitter:
         self._carried: deque[_Pending] = deque()
         """Writes of a group cut short for an urgent one: they go first next."""
         self._preempting = False
-        """Set when the group or checkpoint in progress was interrupted."""
+        """Set when the group in progress was interrupted for an urgent write."""
         self._busy_with = "nothing"
         """What the writer is doing, for the log line of a slow urgent write."""
         self.preempted = 0
@@ -392,6 +393,39 @@ class GroupCommitter:
         them while an urgent write waits: the statement in progress then fails
         with sqlite3's OperationalError, which the caller reads as having
         given way (``_preempting`` is set)."""
+        async def interrupt() -> None:
+            self._preempting = True
+            await self._conn.interrupt()
+
+        return await self._watching_urgent(work, interrupt)
+
+    async def _checkpoint(self, conn: aiosqlite.Connection) -> None:
+        """Copies the write-ahead log back into the database on ``conn``,
+        committing urgent writes that arrive meanwhile beside it; a failure is
+        logged and the copy tried again next time."""
+        async def commit_urgent() -> None:
+            group, _ = self._next_group()
+            await self._commit_safely(group, urgent=True)
+
+        began = time.monotonic()
+        try:
+            await self._watching_urgent(
+                conn.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)"), commit_urgent)
+        except sqlite3.Error as exc:
+            log.warning("copying the write-ahead log into the database failed (%s); "
+                        "retrying later", exc)
+            return
+        self.checkpoints += 1
+        took = time.monotonic() - began
+        if took >= SLOW_TRANSACTION_S:
+            log.info("copying the write-ahead log back took %.3fs (urgent writes went "
+                     "ahead meanwhile, the rest waited)", took)
+
+    async def _watching_urgent(self, work: Awaitable[_T],
+                               on_urgent: Callable[[], Awaitable[None]]) -> _T:
+        """Runs ``work`` as a task and, every ``PREEMPT_POLL_S`` while it runs
+        and an urgent write waits, calls ``on_urgent``; cancelled, it cancels
+        and awaits the task."""
         task = asyncio.ensure_future(work)
         try:
             while True:
@@ -399,43 +433,12 @@ class GroupCommitter:
                 if done:
                     return task.result()
                 if self._urgent:
-                    self._preempting = True
-                    await self._conn.interrupt()
+                    await on_urgent()
         finally:
             if not task.done():  # the writer itself is being cancelled
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, sqlite3.Error):
                     await task
-
-    async def _checkpoint(self, conn: aiosqlite.Connection) -> None:
-        """Copies the write-ahead log back into the database on ``conn``,
-        committing urgent writes that arrive meanwhile beside it; a failure is
-        logged and the copy tried again next time."""
-        copy = asyncio.ensure_future(conn.execute_fetchall("PRAGMA wal_checkpoint(PASSIVE)"))
-        began = time.monotonic()
-        try:
-            while True:
-                done, _ = await asyncio.wait({copy}, timeout=PREEMPT_POLL_S)
-                if done:
-                    break
-                if self._urgent:
-                    group, _ = self._next_group()
-                    await self._commit_safely(group, urgent=True)
-            copy.result()
-        except sqlite3.Error as exc:
-            log.warning("copying the write-ahead log into the database failed (%s); "
-                        "retrying later", exc)
-            return
-        finally:
-            if not copy.done():  # the writer itself is being cancelled
-                copy.cancel()
-                with contextlib.suppress(asyncio.CancelledError, sqlite3.Error):
-                    await copy
-        self.checkpoints += 1
-        took = time.monotonic() - began
-        if took >= SLOW_TRANSACTION_S:
-            log.info("copying the write-ahead log back took %.3fs (urgent writes went "
-                     "ahead meanwhile, the rest waited)", took)
 
     async def _rollback(self) -> None:
         """Ends a failed transaction (SQLite may have rolled it back already)
