@@ -291,3 +291,17 @@ async def test_a_write_run_again_after_giving_way_to_a_claim_is_stored_whole(
     assert committer.preempted == 1 and runs == [1, 1]
     held_now = {h.operator_id: (h.results_version, h.epoch) for h in await store.holdings(JOB)}
     assert held_now == {op: (11, 3), other: (0, 5)}
+
+
+async def test_a_file_of_an_older_layout_is_refused_with_the_fix(tmp_path: Path) -> None:
+    # A state server upgraded in place must not misread a file laid out by an
+    # older gridstream: it refuses it, naming what to do, and leaves it alone.
+    path = tmp_path / "state.sqlite3"
+    async with SnapshotStore(path):
+        pass
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA user_version=2")
+    with pytest.raises(RuntimeError, match=r"layout 2, this one needs 3\); move it aside"):
+        await SnapshotStore(path).open()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
