@@ -156,6 +156,13 @@ class WorkerConfig:
     output_batch_records: int = 5_000
     """Records per batch a task sends downstream."""
 
+    results_linger_s: float = 0.1
+    """A task writes the result rows it produced between two windows at most
+    this often (rows go at once with a window). Without it a task whose
+    queue runs empty after every batch (a low rate) makes one write to every
+    state server per batch. Results are readable up to this much later; a
+    drain still waits for them. 0 writes after every batch."""
+
     push_timeout_s: float = 10.0
     """Deadline of a Push to another worker, including waiting for queue space."""
 
@@ -310,6 +317,8 @@ class Config:
             ("worker.queue_max_records", self.worker.queue_max_records >= 1, "must be >= 1"),
             ("worker.max_batch_bytes", self.worker.max_batch_bytes >= 1024, "must be >= 1024"),
             ("worker.output_batch_records", self.worker.output_batch_records >= 1, "must be >= 1"),
+            ("worker.results_linger_s", 0 <= self.worker.results_linger_s <= 10,
+             "must be between 0 and 10"),
             ("worker.push_timeout_s", self.worker.push_timeout_s > 0, "must be > 0"),
             ("worker.max_record_attempts", self.worker.max_record_attempts >= 1, "must be >= 1"),
             ("scheduler.console_port", -1 <= self.scheduler.console_port <= 65535,

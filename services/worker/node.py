@@ -184,6 +184,7 @@ class WorkerNode:
             self.config.cluster.backup_count,
             self.reporter,
             self.config.cluster.tracking_flush_s,
+            self.config.worker.results_linger_s,
         )
         runner.epoch = self.routing.epoch
         self.standbys.attach(runner)

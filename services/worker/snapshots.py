@@ -265,6 +265,7 @@ class Persister:
         write_snapshot: WriteSnapshot,
         on_durable: Callable[[int], None],
         name: str,
+        rows_linger_s: float = 0.0,
     ) -> None:
         self._write_rows = write_rows
         self._write_snapshot = write_snapshot
@@ -296,6 +297,13 @@ class Persister:
         self.last_error = ""
         """The latest failure, for status and logs; '' once a write succeeds."""
         self._last_error_log = 0.0
+        self.rows_linger_s = rows_linger_s
+        """Rows alone (no window queued) are written at most this often: rows
+        a task hands over each time its queue runs empty (after every batch at
+        a low rate) go in one write instead of one write per batch."""
+        self._rows_written_at = -rows_linger_s
+        self._snapshot_queued = asyncio.Event()
+        """Set when a window is queued: it ends a linger at once."""
 
     def submit(
         self,
@@ -314,6 +322,7 @@ class Persister:
                 self.needs_root = False
             self._snapshot = (snapshot if self._snapshot is None
                               else snapshot.absorb(self._snapshot))
+            self._snapshot_queued.set()
         if self._rows or self._dead or self._snapshot is not None:
             self._idle.clear()
             self._wake.set()
@@ -331,6 +340,17 @@ class Persister:
     async def wait_idle(self) -> None:
         """Waits until everything submitted so far is durable."""
         await self._idle.wait()
+
+    async def _linger(self) -> None:
+        """Waits until rows may be written again (see :attr:`rows_linger_s`),
+        or until a window is queued, which goes at once with the rows."""
+        if self._snapshot is not None:
+            return
+        remaining = self._rows_written_at + self.rows_linger_s - time.monotonic()
+        if remaining > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._snapshot_queued.wait()
 
     def _failed(self, what: str, exc: BaseException, delay: float) -> None:
         """Counts and reports a failed attempt: a warning at first, an ERROR
@@ -427,12 +447,15 @@ class Persister:
         """The background loop; owned and cancelled by the task runner."""
         while True:
             await self._wake.wait()
+            await self._linger()
             self._wake.clear()
+            self._snapshot_queued.clear()
             rows, self._rows = self._rows, {}
             dead, self._dead = self._dead, []
             snapshot, self._snapshot = self._snapshot, None
             self._in_flight = len(rows) + len(dead) + (1 if snapshot else 0)
             if rows or dead:
+                self._rows_written_at = time.monotonic()
                 await self._retrying("result rows", functools.partial(self._write_rows, rows, dead))
             if snapshot is not None and await self._persist_snapshot(snapshot):
                 self.windows_persisted += 1

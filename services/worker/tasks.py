@@ -103,6 +103,7 @@ class TaskRunner:
         backup_count: int,
         reporter: TrackingReporter | None = None,
         tracking_flush_s: float = 0.5,
+        results_linger_s: float = 0.0,
     ) -> None:
         self.job_id = job_id
         self.spec = spec
@@ -138,7 +139,7 @@ class TaskRunner:
         window snapshot's header."""
         self.window = WindowSnapshot()
         self.persister = Persister(self._write_rows, self._write_snapshot, self._durable,
-                                   self.operator_id)
+                                   self.operator_id, results_linger_s)
         self.durable_offset = 0
         self.replicator: Replicator | None = None
         if spec.delivery != "at_most_once" and backup_count > 0:
