@@ -21,6 +21,7 @@ from gridstream.service import (
     write_ready_file,
 )
 from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc, worker_pb2_grpc
+from services.worker.collector import tune_collector
 from services.worker.looplag import LoopLagMonitor
 from services.worker.node import WorkerNode
 from services.worker.peers import Channels
@@ -125,4 +126,5 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging("worker", config.log_json, config.log_level, config.worker.node_id)
     rpc.configure_security(config.security)
     jobspec.allow_job_modules(config.cluster.job_modules)
+    tune_collector(config.worker.gc_young_threshold)
     run_service(lambda stop: serve(config, args.ready_file, stop))
