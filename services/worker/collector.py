@@ -9,11 +9,12 @@ in use and promotes records waiting in a queue to older generations, whose
 collections scan them again. Collecting the youngest generation every
 ``worker.gc_young_threshold`` allocations instead (and the older ones
 after 20 collections of the one below, not 10) frees the same garbage at a
-fraction of the cost. Measured on the taxi job (1M records, exactly_once,
-three interleaved pairs of three rounds on a 2-core machine): 8.44, 8.20 and
-8.29 CPU-seconds per million records with the defaults, 7.53, 7.09 and 6.46
-with 50,000. Garbage in reference cycles lives a little longer, bounded by
-the threshold's allocations.
+lower cost. Measured with ``bench/throughput.py`` on the taxi job (1M
+records, three interleaved pairs of three-round runs, 2-core machine),
+CPU-seconds per million records, CPython's defaults against 50,000:
+exactly_once 7.75, 7.51, 7.96 against 6.97, 7.68, 7.30; at_most_once 7.16,
+7.38, 7.66 against 6.14, 6.51, 6.48. Garbage in reference cycles lives a
+little longer, bounded by the threshold's allocations.
 
 Keyed state is kept out of the older generations' scans separately
 (``gc.freeze()``, :func:`services.worker.snapshots.freeze_grown_state`).
