@@ -254,9 +254,11 @@ class Persister:
     merged on the older parent), so a slow state server costs memory bounded
     by the operator's state, not by the stream. A snapshot being written is
     retried as it is, never re-cut, so the state servers' chain of windows
-    stays whole. Failed writes are retried with backoff; nothing pending is
-    dropped; a write failing for long is logged at ERROR and shown in
-    :attr:`failing_since` and :attr:`last_error`.
+    stays whole. Rows handed over without a window wait up to
+    ``rows_linger_s`` after the previous row write (see
+    ``worker.results_linger_s``). Failed writes are retried with backoff;
+    nothing pending is dropped; a write failing for long is logged at ERROR
+    and shown in :attr:`failing_since` and :attr:`last_error`.
     """
 
     def __init__(
