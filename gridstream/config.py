@@ -167,12 +167,9 @@ class WorkerConfig:
     """Deadline of a Push to another worker, including waiting for queue space."""
 
     gc_young_threshold: int = 50_000
-    """Allocations between two collections of the youngest generation of
-    Python's cyclic garbage collector in the worker (CPython's default is
-    700; with it the taxi job took 7.5 to 8.0 CPU-seconds per million
-    records exactly_once, with 50,000 7.0 to 7.7, and 7.2 to 7.7 against 6.1
-    to 6.5 at_most_once: services/worker/collector.py). 0 keeps CPython's
-    defaults."""
+    """Allocations between two collections of the youngest generation of the
+    worker's cyclic garbage collector (CPython's default: 700; why and what
+    it saves: services/worker/collector.py). 0 keeps CPython's defaults."""
 
     max_record_attempts: int = 1
     """Attempts at a record whose operator raises before it goes to the dead-letter table."""
