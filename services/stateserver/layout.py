@@ -129,6 +129,11 @@ crash between storing a delta and folding it leaves base + deltas, which
 read as the same state."""
 
 
+class OlderLayout(RuntimeError):
+    """The data file was written by an older layout: the server refuses to
+    start on it (its message names the fix) rather than misread it."""
+
+
 class SnapshotCorrupted(DataLoss):
     """A stored snapshot no longer matches its checksum; it is never handed out."""
 

@@ -31,7 +31,7 @@ from gridstream.service import (
 )
 from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc, stateserver_pb2_grpc
 from services.stateserver.directory import JobDirectory
-from services.stateserver.layout import StoreStats
+from services.stateserver.layout import OlderLayout, StoreStats
 from services.stateserver.server import StateServerServicer
 from services.stateserver.store import SnapshotStore
 from services.stateserver.sync import ReplicaSync
@@ -267,6 +267,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         retired = await serve(options, stop)
 
     rpc.configure_security(options.config.security)
-    run_service(service_main)
+    try:
+        run_service(service_main)
+    except OlderLayout as exc:  # an operator's fix, not a crash: one line, exit 2
+        log.error("%s", exc)
+        sys.exit(2)
     if retired:
         sys.exit(RETIRED_EXIT_CODE)

@@ -34,6 +34,7 @@ from services.stateserver.layout import (
     SCHEMA,
     SCHEMA_VERSION,
     DeadLetter,
+    OlderLayout,
     OperatorHoldings,
     ResultRow,
     Snapshot,
@@ -164,7 +165,7 @@ class SnapshotStore:
         tables = list(await conn.execute_fetchall(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'results'"))
         if tables and version < SCHEMA_VERSION:
-            raise RuntimeError(
+            raise OlderLayout(
                 f"{self.path} was written by an older gridstream (layout {version}, this one "
                 f"needs {SCHEMA_VERSION}); move it aside or point stateserver.data_dir at an "
                 "empty directory: the replica will catch up from its peers"
