@@ -54,6 +54,8 @@ class RoutingView:
         self.epoch = 0
         self.table = scheduler_pb2.RoutingTable()
         self.owners: dict[str, list[str]] = {}
+        self.created_epochs: dict[str, int] = {}
+        """job id -> the epoch of the first table listing it (0: unknown)."""
         self.addresses: dict[str, str] = {}
         self.incarnations: dict[str, str] = {}
         """node id -> the incarnation the table lists (new at every restart)."""
@@ -116,6 +118,7 @@ class RoutingView:
         self.table = table
         self.epoch = table.epoch
         self.owners = {job.job_id: list(job.owners) for job in table.jobs}
+        self.created_epochs = {job.job_id: job.created_epoch for job in table.jobs}
         self.addresses = {m.node_id: m.address for m in table.members}
         self.incarnations = {m.node_id: m.incarnation for m in table.members}
         self.state_servers = {
@@ -142,6 +145,13 @@ class RoutingView:
         if owners is None or partition >= len(owners):
             return None
         return owners[partition]
+
+    def in_first_epoch_of(self, job_id: str) -> bool:
+        """Whether the table here is the first one that lists the job (an epoch
+        the scheduler saved first, so never served again): the owners it names
+        are the job's first, and no other worker can have taken input for them."""
+        created = self.created_epochs.get(job_id, 0)
+        return created != 0 and created == self.epoch
 
     def backups(self, job_id: str, partition: int, count: int) -> list[str]:
         """The workers holding copies of a partition's containers (their logs

@@ -41,6 +41,12 @@ class JobRecord:
     state: int
     error: str
     submitted_at: float
+    created_epoch: int = 0
+    """The epoch of the first routing table that lists the job, when it was
+    saved before any table at it was served; 0 when unknown (not stored: after
+    a scheduler restart every epoch is newer, so the value no longer matters).
+    Workers starting a task at exactly this epoch skip its recovery
+    (``JobRouting.created_epoch``)."""
 
     def to_proto(self) -> common_pb2.JobInfo:
         """The wire form."""
@@ -91,8 +97,10 @@ class JobRegistry:
         return f"{spec.name}-{uuid.uuid4().hex[:8]}"
 
     async def put(self, record: JobRecord) -> None:
-        """Stores (or updates) a job; durable on return."""
-        self.jobs[record.job_id] = record
+        """Stores (or updates) a job; durable on return. A new job joins
+        :meth:`running` (and so the routing table) only once it is durable,
+        with no await after: the caller can start its first epoch before any
+        table lists it."""
         await self.db.execute(
             "INSERT OR REPLACE INTO jobs (job_id, spec, state, error, submitted_at) "
             "VALUES (?, ?, ?, ?, ?)",
@@ -100,6 +108,7 @@ class JobRegistry:
              record.error, record.submitted_at),
         )
         await self.db.commit()
+        self.jobs[record.job_id] = record
 
     def new_record(self, spec: JobSpec) -> JobRecord:
         """A RUNNING record for a new job (not yet stored)."""

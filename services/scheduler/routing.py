@@ -41,6 +41,6 @@ class RoutingTables:
                       if workers else [])
             table.jobs.append(scheduler_pb2.JobRouting(
                 job_id=job.job_id, partitions=job.spec.partitions, owners=owners,
-                spec=job.spec.to_proto()))
+                spec=job.spec.to_proto(), created_epoch=job.created_epoch))
         self._cached = (membership.epoch, version, table)
         return table

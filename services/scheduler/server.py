@@ -79,8 +79,9 @@ class SchedulerCore:
         await self._channels.close()
 
     async def persist_epoch(self) -> None:
-        """Saves the epoch whenever it moved, so restarts never reuse one."""
-        if self.membership.epoch != self._saved_epoch:
+        """Saves the epoch whenever it moved past the saved one, so restarts
+        never reuse one (a job's submission may have saved one ahead)."""
+        if self.membership.epoch > self._saved_epoch:
             self._saved_epoch = self.membership.epoch
             await self.registry.save_epoch(self.membership.epoch)
 
@@ -312,9 +313,19 @@ class SchedulerCore:
             await self.registry.put(record)
             await self._stop_on_workers(record.job_id)
             raise type(errors[0])(str(errors[0]))
+        # The job's first epoch is saved before any table lists the job, so a
+        # restarted scheduler never serves another table at it: a task
+        # started at exactly that epoch has had no owner before (its worker
+        # skips recovery). Another epoch begun while saving takes the chance
+        # away from this job only (created_epoch 0: the usual recovery).
+        first = self.membership.epoch + 1
+        self._saved_epoch = max(self._saved_epoch, first)
+        await self.registry.save_epoch(self._saved_epoch)
         await self.registry.put(record)
         self._jobs_version += 1
         self.membership.bump(f"job {record.job_id} submitted")
+        if self.membership.epoch == first:
+            record.created_epoch = first
         await self.persist_epoch()
         log.info("job %s submitted: %d partitions, %d stages", record.job_id, spec.partitions,
                  len(spec.stages))

@@ -90,6 +90,8 @@ class JobRuntime:
     tasks: list[list[Stage]]
     runners: dict[tuple[int, int], TaskRunner] = field(default_factory=dict)
     handles: dict[tuple[int, int], asyncio.Task[None]] = field(default_factory=dict)
+    started: set[tuple[int, int]] = field(default_factory=set)
+    """Every (task, partition) ever started here (a restart of one is not its first start)."""
 
 
 class WorkerNode:
@@ -187,6 +189,10 @@ class WorkerNode:
             self.config.worker.results_linger_s,
         )
         runner.epoch = self.routing.epoch
+        runner.first_owner = ((task, partition) not in runtime.started
+                              and self.routing.in_first_epoch_of(runtime.job_id)
+                              and self.routing.owner(runtime.job_id, partition) == self.node_id)
+        runtime.started.add((task, partition))
         self.standbys.attach(runner)
         if runtime.spec.tracking_timeout_s:
             self.trackers.set_timeout(runtime.job_id, runtime.spec.tracking_timeout_s)

@@ -191,10 +191,12 @@ class Replicator:
         owner = self.routing.owner(job_id, partition)
         return None if owner == self.node_id else (owner or "")
 
-    async def run(self) -> None:
+    async def run(self, first_owner: bool = False) -> None:
         """Replicates until cancelled; owned by the task runner. Every round
         contacts every holder, even with nothing new to send, so a holder
-        that lost its copy is found out and sent a full one."""
+        that lost its copy is found out and sent a full one. A job's
+        ``first_owner`` has nothing to copy yet: its first round waits for
+        the first append (which sends the holders a full copy)."""
         backoff = Backoff(f"replicating {self.container.container_id}", first_s=0.02, max_s=0.5)
         failing_since = 0.0
         shortfall_since, warned = 0.0, False
@@ -203,7 +205,10 @@ class Replicator:
         # is committed only once this owner's holders hold it, and no append
         # may ever come to wake us (the senders were all answered before the
         # restart), so waiting for one would hold its replay forever.
-        self._wake.set()
+        if first_owner:
+            self.synced_epoch = self.routing.epoch  # its holders hold nothing, as it does
+        else:
+            self._wake.set()
         while True:
             await self._wake.wait()
             self._wake.clear()

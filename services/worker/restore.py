@@ -68,6 +68,14 @@ async def restore_task(runner: TaskRunner) -> bool:
     earlier state (a snapshot or a log copy) rather than starting fresh."""
     started = time.monotonic()
     steps: dict[str, float] = {}
+    if runner.first_owner:
+        # The job's first owner of the partition (node.py decides): no
+        # snapshot, log copy or standby of it exists, so there is nothing to
+        # read, claim or fence. Its first window is numbered from its epoch.
+        runner.window.window = first_window(runner.epoch)
+        runner.recovery_seconds = time.monotonic() - started
+        log.info("%s started as the job's first owner: nothing to restore", runner.operator_id)
+        return False
     standby = runner.take_standby(runner.key)
     adopted: int | None = None
     after = standby.window if standby is not None else None

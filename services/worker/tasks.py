@@ -166,6 +166,11 @@ class TaskRunner:
         self._tasks_fail = tasks_fail(node_id)
         self.last_error = ""
         self.epoch = 0
+        self.first_owner = False
+        """Started for the first time on this worker from the first table that
+        lists the job (set by the node): no owner came before, so nothing of
+        the task is stored or replicated anywhere and its recovery is skipped
+        (no state read, no log fetch, no empty first replication round)."""
         self.tracking: TaskTracking | None = None
         if spec.delivery != "at_most_once" and reporter is not None:
             self.tracking = TaskTracking(is_source=task_index == 0)
@@ -202,7 +207,8 @@ class TaskRunner:
         async with asyncio.TaskGroup() as group:
             group.create_task(self.persister.run(), name=f"persist {self.operator_id}")
             if self.replicator is not None:
-                group.create_task(self.replicator.run(), name=f"replicate {self.operator_id}")
+                group.create_task(self.replicator.run(first_owner=self.first_owner),
+                                  name=f"replicate {self.operator_id}")
             if self.standby is not None:
                 group.create_task(self.standby.run(), name=f"ship state {self.operator_id}")
             if self.tracking is not None:
