@@ -14,6 +14,7 @@ from typing import Any
 
 import xxhash
 
+from gridstream.builtins import identity
 from gridstream.codec import PayloadError, encode_batch
 from gridstream.combiners import Partials
 from gridstream.deadletters import encode_error, encode_message, encode_record
@@ -73,7 +74,8 @@ class Shuffle:
     ) -> tuple[list[Any], list[Any]]:
         key_fn = self.key_fn
         try:
-            keys = [key_fn(v) for v in values]
+            # A record keyed by itself (wordcount's words) needs no call per record.
+            keys = values if key_fn is identity else [key_fn(v) for v in values]
             if _PLAIN_KEY_SET.issuperset(map(type, keys)):  # every key a plain str, int, bytes
                 return keys, values
         except Exception:

@@ -9,6 +9,7 @@ from typing import Any
 
 import xxhash
 
+from gridstream.builtins import identity
 from gridstream.ids import key_text
 from services.worker.operators import check_key
 from services.worker.shuffle import Shuffle
@@ -59,3 +60,27 @@ def test_split_matches_the_record_by_record_split() -> None:
             assert all(s.previous_sequence == s.sequence - 1 for s in segments)
             assert len(dead) == (1 if n % 5 == 0 and values else 0)
         assert shuffle.sequences == sequences
+
+
+def test_records_keyed_by_themselves_split_as_with_a_key_call_per_record() -> None:
+    # The identity key is not called per record (the shuffle takes the values
+    # as their keys); the segments and dead letters must be the same as with
+    # an equal function that is called, bad keys included.
+    rng = random.Random(4)
+    words: list[Any] = [f"w{i}" for i in range(200)] + [7, b"x"]
+    for partitions in (1, 12):
+        shortcut = Shuffle("job", 1, "next", partitions, identity, "t0/p0",
+                           router=None, batch_records=30)  # type: ignore[arg-type]
+        called = Shuffle("job", 1, "next", partitions, lambda value: value, "t0/p0",
+                         router=None, batch_records=30)  # type: ignore[arg-type]
+        for n in range(20):
+            values: list[Any] = [rng.choice(words) for _ in range(rng.randrange(0, 150))]
+            if n % 4 == 0:
+                values.append(["not", "a", "key"])
+            dead_a: list[Any] = []
+            dead_b: list[Any] = []
+            a = shortcut.split(list(values), f"b#{n}", dead_a)
+            b = called.split(list(values), f"b#{n}", dead_b)
+            assert ([(s.partition, s.sequence, s.keys, s.values) for s in a]
+                    == [(s.partition, s.sequence, s.keys, s.values) for s in b])
+            assert dead_a == dead_b and len(dead_a) == (1 if n % 4 == 0 else 0)
