@@ -122,7 +122,23 @@ batch can never succeed (the SDK splits it, or fails naming the limit)."""
 def from_rpc_error(error: grpc.aio.AioRpcError, what: str = "") -> GridstreamError:
     """The typed error for a failed call, keeping the server's message."""
     code = error.code()
-    details = error.details() or code.name
+    return from_status(code, error.details() or code.name, what)
+
+
+_STATUS_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}
+
+
+def status_number(error: GridstreamError) -> int:
+    """The number of an error's gRPC status code, for a reply that carries
+    the outcomes of several operations (0 is OK)."""
+    return int(error.code.value[0])
+
+
+def from_status(code: grpc.StatusCode | int, details: str, what: str = "") -> GridstreamError:
+    """The typed error for a status code and its details: of a failed call,
+    or of one operation answered inside a reply (:func:`status_number`)."""
+    if isinstance(code, int):
+        code = _STATUS_BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN)
     message = f"{what}: {details}" if what else details
     if code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith(STALE_EPOCH_PREFIX):
         epoch = 0

@@ -23,6 +23,7 @@ from gridstream.retry import Backoff
 from gridstream.routing import RoutingView
 from gridstream.v1 import common_pb2, worker_pb2, worker_pb2_grpc
 from services.worker.queues import ContainerClosed
+from services.worker.replicacalls import ReplicationCalls
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,9 @@ class PeerRouter:
         self.channels = channels
         self.local_append = local_append
         self.push_timeout_s = push_timeout_s
+        self.replication = ReplicationCalls(channels)
+        """The worker's replication calls to backup holders, over the same
+        channels (its containers' replicators share them)."""
 
     async def deliver(self, job_id: str, segments: list[OutSegment]) -> None:
         """Returns once every segment is in its owner's container."""

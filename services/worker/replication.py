@@ -33,20 +33,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import grpc
-
-from gridstream.errors import StaleEpoch, from_rpc_error
+from gridstream.errors import GridstreamError, StaleEpoch
 from gridstream.faults import FAULTS
 from gridstream.retry import Backoff
 from gridstream.routing import RoutingView
-from gridstream.v1 import worker_pb2, worker_pb2_grpc
-from services.worker.peers import Channels
+from gridstream.v1 import worker_pb2
 from services.worker.queues import Entry, JobContainer, OwnerFenced
+from services.worker.replicacalls import ReplicationCalls
 
 log = logging.getLogger(__name__)
 
 ContainerKey = tuple[str, int, int]  # (job_id, task, partition)
-REPLICATE_TIMEOUT_S = 5.0
 MAX_ENTRIES_PER_CALL = 64
 REPLICATION_WARN_AFTER_S = 5.0
 """Replication failing for longer than this (more than a holder's restart
@@ -150,7 +147,7 @@ class Replicator:
         container: JobContainer,
         node_id: str,
         routing: RoutingView,
-        channels: Channels,
+        calls: ReplicationCalls,
         backup_count: int,
         trim_offset: Callable[[], int],
         owner_epoch: Callable[[], int] | None = None,
@@ -159,7 +156,9 @@ class Replicator:
         self.container = container
         self.node_id = node_id
         self.routing = routing
-        self.channels = channels
+        self.calls = calls
+        """The worker's replication calls, shared by its containers (one call
+        per holder carries every container's replication waiting for it)."""
         self.backup_count = backup_count
         self.trim_offset = trim_offset
         self.owner_epoch = owner_epoch or (lambda: self.routing.epoch)
@@ -316,7 +315,6 @@ class Replicator:
         address = self.routing.addresses.get(holder)
         if address is None:
             raise LookupError(f"no address for backup holder {holder}")
-        stub = worker_pb2_grpc.WorkerStub(self.channels.get(address))
         job_id, task, partition = self.key
         held = self._synced.get(holder)
         reset = held is None
@@ -324,7 +322,7 @@ class Replicator:
                                                              self.container.base_offset)
         entries = self.container.entries(start, end)
         first = True
-        response = worker_pb2.ReplicateResponse()
+        held_to = 0
         while first or entries:
             chunk, entries = entries[:MAX_ENTRIES_PER_CALL], entries[MAX_ENTRIES_PER_CALL:]
             request = worker_pb2.ReplicateRequest(
@@ -336,14 +334,15 @@ class Replicator:
                 trim_below=self.trim_offset(),
             )
             try:
-                response = await stub.Replicate(request, timeout=REPLICATE_TIMEOUT_S)
-            except grpc.aio.AioRpcError as exc:
+                held_to = await self.calls.replicate(address, request,
+                                                     f"replicating to {holder}")
+            except GridstreamError:
                 self._synced.pop(holder, None)
-                raise from_rpc_error(exc, f"replicating to {holder}") from None
+                raise
             first = False
-        if response.next_offset < end:
+        if held_to < end:
             # The holder lost its copy (it restarted): send it a full copy.
             self._synced.pop(holder, None)
             raise LookupError(f"{holder} holds {self.container.container_id} only up to "
-                              f"{response.next_offset}, not {end}; resending in full")
+                              f"{held_to}, not {end}; resending in full")
         self._synced[holder] = end

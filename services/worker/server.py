@@ -17,6 +17,7 @@ from gridstream.errors import (
     ResourceExhausted,
     StaleEpoch,
     Unavailable,
+    status_number,
 )
 from gridstream.jobspec import JobSpec, check_allowed
 from gridstream.rpc import servicer_method
@@ -31,6 +32,7 @@ from gridstream.validation import (
 )
 from services.worker.node import WorkerNode
 from services.worker.queues import ContainerClosed
+from services.worker.replicacalls import MAX_REPLICATIONS_PER_CALL
 from services.worker.tasks import TaskRunner
 from services.worker.tracker_answers import answer_tracking_events
 
@@ -226,12 +228,25 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return worker_pb2.StopJobResponse()
 
     @servicer_method
-    async def Replicate(
-        self, request: worker_pb2.ReplicateRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.ReplicateResponse:
-        """Holds a primary's appends (or full copy) as a backup."""
-        await self._check_from_primary(request, "replication")
-        return worker_pb2.ReplicateResponse(next_offset=self.node.backups.replicate(request))
+    async def ReplicateMany(
+        self, request: worker_pb2.ReplicateManyRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.ReplicateManyResponse:
+        """Holds primaries' appends (or full copies) as a backup: each
+        replication checked, applied and answered on its own."""
+        if len(request.requests) > MAX_REPLICATIONS_PER_CALL:
+            raise InvalidArgument(
+                f"{len(request.requests)} replications in one call; at most "
+                f"{MAX_REPLICATIONS_PER_CALL} (nothing was applied)")
+        outcomes = []
+        for one in request.requests:
+            try:
+                await self._check_from_primary(one, "replication")
+                outcomes.append(worker_pb2.ReplicateOutcome(
+                    next_offset=self.node.backups.replicate(one)))
+            except GridstreamError as exc:
+                outcomes.append(worker_pb2.ReplicateOutcome(code=status_number(exc),
+                                                            details=str(exc)))
+        return worker_pb2.ReplicateManyResponse(outcomes=outcomes)
 
     @servicer_method
     async def ShipState(

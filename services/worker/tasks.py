@@ -144,7 +144,7 @@ class TaskRunner:
         self.replicator: Replicator | None = None
         if spec.delivery != "at_most_once" and backup_count > 0:
             self.replicator = Replicator(
-                self.key, self.container, node_id, router.routing, router.channels,
+                self.key, self.container, node_id, router.routing, router.replication,
                 backup_count, self.trim_bound, lambda: self.epoch,
             )
         self.standby: StandbyShipper | None = None

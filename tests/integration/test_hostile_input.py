@@ -235,9 +235,10 @@ async def test_row5_strangers_cannot_register_replicate_or_write(
                                           address="127.0.0.1:1", incarnation="intruder"),
             timeout=CALL_TIMEOUT_S), grpc.StatusCode.UNAUTHENTICATED, "cluster secret")
     async with stranger(address_of(cluster, "worker-1")) as channel:
-        await refused(worker_pb2_grpc.WorkerStub(channel).Replicate(
-            worker_pb2.ReplicateRequest(job_id=job_id, task=0, partition=0, epoch=2**63 - 1,
-                                        primary="worker-2", reset=True),
+        await refused(worker_pb2_grpc.WorkerStub(channel).ReplicateMany(
+            worker_pb2.ReplicateManyRequest(requests=[worker_pb2.ReplicateRequest(
+                job_id=job_id, task=0, partition=0, epoch=2**63 - 1, primary="worker-2",
+                reset=True)]),
             timeout=CALL_TIMEOUT_S), grpc.StatusCode.UNAUTHENTICATED)
     async with stranger(address_of(cluster, "state-1")) as channel:
         await refused(stateserver_pb2_grpc.StateServerStub(channel).WriteResults(

@@ -12,7 +12,7 @@ from gridstream.auth import MEMBER_METADATA, CallGuard
 
 SECRET = "s3cret"
 PUSH = "/gridstream.v1.Worker/Push"
-REPLICATE = "/gridstream.v1.Worker/Replicate"
+REPLICATE = "/gridstream.v1.Worker/ReplicateMany"
 
 
 class Details(grpc.HandlerCallDetails):  # type: ignore[misc]

@@ -33,6 +33,7 @@ from gridstream.routing import RoutingView
 from gridstream.v1 import scheduler_pb2, worker_pb2, worker_pb2_grpc
 from services.worker.node import JobRuntime, WorkerNode
 from services.worker.queues import Entry, JobContainer
+from services.worker.replicacalls import ReplicationCalls
 from services.worker.replication import BackupStore, Replicator
 
 JOB = "job-1"
@@ -43,14 +44,17 @@ RESTARTED = "worker-1"
 
 
 class Holder(worker_pb2_grpc.WorkerServicer):
-    """A worker's Replicate endpoint over its backup store."""
+    """A worker's ReplicateMany endpoint over its backup store."""
 
     def __init__(self) -> None:
         self.store = BackupStore()
 
-    async def Replicate(self, request: worker_pb2.ReplicateRequest,
-                        context: grpc.aio.ServicerContext) -> worker_pb2.ReplicateResponse:
-        return worker_pb2.ReplicateResponse(next_offset=self.store.replicate(request))
+    async def ReplicateMany(self, request: worker_pb2.ReplicateManyRequest,
+                            context: grpc.aio.ServicerContext
+                            ) -> worker_pb2.ReplicateManyResponse:
+        return worker_pb2.ReplicateManyResponse(outcomes=[
+            worker_pb2.ReplicateOutcome(next_offset=self.store.replicate(one))
+            for one in request.requests])
 
 
 def table(epoch: int, live: list[str], addresses: dict[str, str]) -> scheduler_pb2.RoutingTable:
@@ -87,7 +91,8 @@ async def replicating(key: tuple[str, int, int], container: JobContainer, primar
     """``primary``'s replicator of ``container`` (owner since epoch 2,
     backup_count=1), running until the block ends."""
     channels = rpc.ChannelPool()
-    replicator = Replicator(key, container, primary, routing, channels, 1, lambda: 0, lambda: 2)
+    replicator = Replicator(key, container, primary, routing, ReplicationCalls(channels), 1,
+                            lambda: 0, lambda: 2)
     running = asyncio.create_task(replicator.run())
     try:
         yield replicator
