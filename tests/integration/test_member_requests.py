@@ -30,6 +30,7 @@ from gridstream.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
+from services.worker.replicacalls import MAX_REPLICATIONS_PER_CALL
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +74,38 @@ async def refused(call: Any, text: str) -> str:
     return details
 
 
+STATUS_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}
+
+
+async def refused_replication(worker: worker_pb2_grpc.WorkerStub,
+                              request: worker_pb2.ReplicateRequest,
+                              code: grpc.StatusCode, text: str) -> str:
+    """Sends one replication as a member does (a ReplicateMany of one): the
+    call or the replication's own outcome must be refused with ``code``
+    naming ``text``."""
+    try:
+        reply = await worker.ReplicateMany(worker_pb2.ReplicateManyRequest(requests=[request]),
+                                           timeout=CALL_TIMEOUT_S)
+    except grpc.aio.AioRpcError as exc:
+        got, details = exc.code(), exc.details() or ""
+    else:
+        (outcome,) = reply.outcomes
+        got, details = STATUS_BY_NUMBER[outcome.code], outcome.details
+    assert got == code, (got, details)
+    assert text in details, details
+    assert len(details) < 400, details
+    return details
+
+
+async def test_more_replications_in_one_call_than_allowed(
+        worker: worker_pb2_grpc.WorkerStub, job_id: str) -> None:
+    one = worker_pb2.ReplicateRequest(job_id=job_id, task=0, partition=0, epoch=1,
+                                      primary="worker-9")
+    await refused(worker.ReplicateMany(
+        worker_pb2.ReplicateManyRequest(requests=[one] * (MAX_REPLICATIONS_PER_CALL + 1)),
+        timeout=CALL_TIMEOUT_S), f"at most {MAX_REPLICATIONS_PER_CALL}")
+
+
 @pytest_asyncio.fixture
 async def worker(cluster: LocalCluster) -> AsyncIterator[worker_pb2_grpc.WorkerStub]:
     """The worker, called as a member."""
@@ -91,17 +124,17 @@ async def test_a_members_push_with_a_sequence_beyond_any_counter(
 
 async def test_replication_at_an_epoch_no_one_can_exceed(
         worker: worker_pb2_grpc.WorkerStub, job_id: str) -> None:
-    await refused(worker.Replicate(worker_pb2.ReplicateRequest(
+    await refused_replication(worker, worker_pb2.ReplicateRequest(
         job_id=job_id, task=0, partition=0, epoch=TOO_BIG, primary="worker-9", reset=True),
-        timeout=CALL_TIMEOUT_S), "epoch")
+        grpc.StatusCode.INVALID_ARGUMENT, "epoch")
 
 
 async def test_replication_and_log_fetch_of_containers_the_job_does_not_have(
         worker: worker_pb2_grpc.WorkerStub, job_id: str) -> None:
     stub = worker
-    await refused(stub.Replicate(worker_pb2.ReplicateRequest(
+    await refused_replication(stub, worker_pb2.ReplicateRequest(
         job_id=job_id, task=99, partition=0, epoch=1, primary="worker-9"),
-        timeout=CALL_TIMEOUT_S), "task 99")
+        grpc.StatusCode.INVALID_ARGUMENT, "task 99")
     with pytest.raises(grpc.aio.AioRpcError) as info:
         async for _ in stub.FetchContainer(worker_pb2.FetchContainerRequest(
                 job_id=job_id, task=0, partition=1_000_000, epoch=1), timeout=CALL_TIMEOUT_S):
@@ -197,9 +230,9 @@ async def test_member_calls_naming_an_epoch_ahead_of_the_cluster_are_refused(
     the copy: an epoch no table has is refused before either."""
     ahead = grpc.StatusCode.FAILED_PRECONDITION
     text = f"routing epoch {AHEAD}, ahead of the cluster's"
-    await refused_with(worker.Replicate(worker_pb2.ReplicateRequest(
+    await refused_replication(worker, worker_pb2.ReplicateRequest(
         job_id=job_id, task=0, partition=0, epoch=AHEAD, primary="worker-9", reset=True),
-        timeout=CALL_TIMEOUT_S), ahead, text)
+        ahead, text)
     await refused_with(worker.FetchContainer(worker_pb2.FetchContainerRequest(
         job_id=job_id, task=0, partition=0, epoch=AHEAD), timeout=CALL_TIMEOUT_S), ahead, text)
     await refused_with(worker.Track(worker_pb2.TrackRequest(
@@ -214,9 +247,9 @@ async def test_replication_tracking_and_log_fetch_of_a_job_no_table_lists(
     the routing table does not list, that state would never be dropped."""
     missing = grpc.StatusCode.NOT_FOUND
     text = f"job {GHOST!r} is not in the routing table"
-    await refused_with(worker.Replicate(worker_pb2.ReplicateRequest(
+    await refused_replication(worker, worker_pb2.ReplicateRequest(
         job_id=GHOST, task=0, partition=0, epoch=1, primary="worker-1", reset=True),
-        timeout=CALL_TIMEOUT_S), missing, text)
+        missing, text)
     await refused_with(worker.Track(worker_pb2.TrackRequest(
         job_id=GHOST, tracker=0, epoch=1), timeout=CALL_TIMEOUT_S), missing, text)
     await refused_with(worker.FetchContainer(worker_pb2.FetchContainerRequest(
