@@ -94,13 +94,33 @@ class Shuffle:
             out_v.append(v)
         return out_k, out_v
 
+    def _combined_by_value(self, values: list[Any]) -> tuple[list[Any], list[Any]] | None:
+        """Records keyed by themselves into a combined reduce (wordcount's
+        words into ``count``): combined first, so the key types are checked
+        once per distinct key rather than once per record. None when a key is
+        not a plain str, int or bytes, or not hashable: the record-by-record
+        path then dead-letters exactly those records, as it always did."""
+        if self.combine is None or self.key_fn is not identity:
+            return None
+        try:
+            keys, partials = self.combine(values, values)
+        except Exception:  # an unhashable record, or a subclass's hashing failing
+            return None
+        if not _PLAIN_KEY_SET.issuperset(map(type, keys)):
+            return None
+        return keys, partials
+
     def split(
         self, values: list[Any], batch_id: str, dead: list[DeadLetter]
     ) -> list[OutSegment]:
         """Keys the records and groups them into segments, one sequence each."""
-        keys, values = self._keys(values, batch_id, dead)
-        if self.combine is not None:
-            keys, values = self.combine(keys, values)
+        combined = self._combined_by_value(values)
+        if combined is not None:
+            keys, values = combined
+        else:
+            keys, values = self._keys(values, batch_id, dead)
+            if self.combine is not None:
+                keys, values = self.combine(keys, values)
         partition_of = self._partition_of
         if len(partition_of) > _CACHE_LIMIT:
             partition_of.clear()

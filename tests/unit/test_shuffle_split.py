@@ -10,6 +10,7 @@ from typing import Any
 import xxhash
 
 from gridstream.builtins import identity
+from gridstream.combiners import count_partials
 from gridstream.ids import key_text
 from services.worker.operators import check_key
 from services.worker.shuffle import Shuffle
@@ -84,3 +85,37 @@ def test_records_keyed_by_themselves_split_as_with_a_key_call_per_record() -> No
             assert ([(s.partition, s.sequence, s.keys, s.values) for s in a]
                     == [(s.partition, s.sequence, s.keys, s.values) for s in b])
             assert dead_a == dead_b and len(dead_a) == (1 if n % 4 == 0 else 0)
+
+
+class Loud(str):
+    """A str subclass whose own hashing fails: routing must not depend on it."""
+
+    def __hash__(self) -> int:
+        raise RuntimeError("no hashing here")
+
+
+def test_combined_records_keyed_by_themselves_split_as_record_by_record() -> None:
+    # Words into a combined count: combined before the key types are checked
+    # (once per distinct word). Bad records (unhashable, a subclass whose
+    # hashing fails, a float) must come out as the record-by-record path
+    # gives them: the same segments and the same dead letters.
+    rng = random.Random(5)
+    words: list[Any] = [f"w{i}" for i in range(300)] + [7, b"x"]
+    odd: list[Any] = [["a", "list"], Loud("w1"), 2.5]
+    for partitions in (1, 12):
+        fast = Shuffle("job", 1, "next", partitions, identity, "t0/p0", router=None,
+                       batch_records=25, combine=count_partials)  # type: ignore[arg-type]
+        slow = Shuffle("job", 1, "next", partitions, lambda value: value, "t0/p0",
+                       router=None, batch_records=25,  # type: ignore[arg-type]
+                       combine=count_partials)
+        for n in range(30):
+            values: list[Any] = [rng.choice(words) for _ in range(rng.randrange(0, 400))]
+            if n % 3 == 0:
+                values.insert(rng.randrange(len(values) + 1), odd[n // 3 % len(odd)])
+            dead_fast: list[Any] = []
+            dead_slow: list[Any] = []
+            a = fast.split(list(values), f"b#{n}", dead_fast)
+            b = slow.split(list(values), f"b#{n}", dead_slow)
+            assert ([(s.partition, s.sequence, s.keys, s.values) for s in a]
+                    == [(s.partition, s.sequence, s.keys, s.values) for s in b])
+            assert [d[:3] for d in dead_fast] == [d[:3] for d in dead_slow]
