@@ -76,15 +76,24 @@ def request(partition: int, count: int, epoch: int = 2,
                                        entries=entries(count))
 
 
-async def test_replications_waiting_for_one_holder_share_a_call(
-        holder: tuple[Holder, str], calls: ReplicationCalls) -> None:
-    store, address = holder
-    store.gate.clear()  # the first call is held: the other eleven wait behind it
+async def held_call(store: Holder, calls: ReplicationCalls, address: str
+                    ) -> asyncio.Future[int]:
+    """Replicates partition 0 with the holder's gate shut: returns once the
+    holder has that call, so whatever is replicated next waits behind it."""
+    store.gate.clear()
     first = asyncio.ensure_future(calls.replicate(address, request(0, 1), "p0"))
     for _ in range(100):
         if store.calls:
             break
-        await asyncio.sleep(0.01)  # until the holder has the first call
+        await asyncio.sleep(0.01)  # polling for the call, at most 1 s
+    assert store.calls == [1], "the holder never got the first call"
+    return first
+
+
+async def test_replications_waiting_for_one_holder_share_a_call(
+        holder: tuple[Holder, str], calls: ReplicationCalls) -> None:
+    store, address = holder
+    first = await held_call(store, calls, address)  # the other eleven wait behind it
     rest = [asyncio.ensure_future(calls.replicate(address, request(p, p + 1), f"p{p}"))
             for p in range(1, 12)]
     await asyncio.sleep(0)  # let them queue
@@ -101,12 +110,7 @@ async def test_a_refused_replication_fails_alone_with_the_error_of_its_own_call(
         holder: tuple[Holder, str], calls: ReplicationCalls) -> None:
     store, address = holder
     store.store.fence(("job-1", 1, 3), epoch=9)  # a newer owner took partition 3 over
-    store.gate.clear()
-    blocker = asyncio.ensure_future(calls.replicate(address, request(0, 1), "p0"))
-    for _ in range(100):
-        if store.calls:
-            break
-        await asyncio.sleep(0.01)
+    blocker = await held_call(store, calls, address)
     fenced = asyncio.ensure_future(calls.replicate(address, request(3, 2), "replicating p3"))
     fine = asyncio.ensure_future(calls.replicate(address, request(4, 2), "replicating p4"))
     await asyncio.sleep(0)
@@ -128,12 +132,7 @@ async def test_a_holder_that_cannot_be_reached_fails_every_replication_it_carrie
 async def test_a_cancelled_replication_leaves_the_others_theirs(
         holder: tuple[Holder, str], calls: ReplicationCalls) -> None:
     store, address = holder
-    store.gate.clear()
-    blocker = asyncio.ensure_future(calls.replicate(address, request(0, 1), "p0"))
-    for _ in range(100):
-        if store.calls:
-            break
-        await asyncio.sleep(0.01)
+    blocker = await held_call(store, calls, address)
     gone = asyncio.ensure_future(calls.replicate(address, request(1, 1), "p1"))
     kept = asyncio.ensure_future(calls.replicate(address, request(2, 3), "p2"))
     await asyncio.sleep(0)
@@ -149,12 +148,7 @@ async def test_a_cancelled_replication_leaves_the_others_theirs(
 async def test_a_call_carries_at_most_the_bound(
         holder: tuple[Holder, str], calls: ReplicationCalls) -> None:
     store, address = holder
-    store.gate.clear()
-    blocker = asyncio.ensure_future(calls.replicate(address, request(0, 1), "p0"))
-    for _ in range(100):
-        if store.calls:
-            break
-        await asyncio.sleep(0.01)
+    blocker = await held_call(store, calls, address)
     many = [asyncio.ensure_future(calls.replicate(address, request(p, 1), f"p{p}"))
             for p in range(1, MAX_REPLICATIONS_PER_CALL + 11)]
     await asyncio.sleep(0)
