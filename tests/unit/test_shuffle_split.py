@@ -63,6 +63,19 @@ def test_split_matches_the_record_by_record_split() -> None:
         assert shuffle.sequences == sequences
 
 
+def split_alike(fast: Shuffle, slow: Shuffle, values: list[Any], batch_id: str) -> list[Any]:
+    """Splits ``values`` with both shuffles; asserts the same segments and
+    dead letters (id, stage, record) and returns the dead letters."""
+    dead_fast: list[Any] = []
+    dead_slow: list[Any] = []
+    a = fast.split(list(values), batch_id, dead_fast)
+    b = slow.split(list(values), batch_id, dead_slow)
+    assert ([(s.partition, s.sequence, s.keys, s.values) for s in a]
+            == [(s.partition, s.sequence, s.keys, s.values) for s in b])
+    assert [d[:3] for d in dead_fast] == [d[:3] for d in dead_slow]
+    return dead_fast
+
+
 def test_records_keyed_by_themselves_split_as_with_a_key_call_per_record() -> None:
     # The identity key is not called per record (the shuffle takes the values
     # as their keys); the segments and dead letters must be the same as with
@@ -78,13 +91,8 @@ def test_records_keyed_by_themselves_split_as_with_a_key_call_per_record() -> No
             values: list[Any] = [rng.choice(words) for _ in range(rng.randrange(0, 150))]
             if n % 4 == 0:
                 values.append(["not", "a", "key"])
-            dead_a: list[Any] = []
-            dead_b: list[Any] = []
-            a = shortcut.split(list(values), f"b#{n}", dead_a)
-            b = called.split(list(values), f"b#{n}", dead_b)
-            assert ([(s.partition, s.sequence, s.keys, s.values) for s in a]
-                    == [(s.partition, s.sequence, s.keys, s.values) for s in b])
-            assert dead_a == dead_b and len(dead_a) == (1 if n % 4 == 0 else 0)
+            dead = split_alike(shortcut, called, values, f"b#{n}")
+            assert len(dead) == (1 if n % 4 == 0 else 0)
 
 
 class Loud(str):
@@ -96,9 +104,10 @@ class Loud(str):
 
 def test_combined_records_keyed_by_themselves_split_as_record_by_record() -> None:
     # Words into a combined count: combined before the key types are checked
-    # (once per distinct word). Bad records (unhashable, a subclass whose
-    # hashing fails, a float) must come out as the record-by-record path
-    # gives them: the same segments and the same dead letters.
+    # (once per distinct word), without the per-record keying. Bad records
+    # (unhashable, a subclass whose hashing fails, a float) must come out as
+    # the record-by-record path gives them: the same segments and the same
+    # dead letters.
     rng = random.Random(5)
     words: list[Any] = [f"w{i}" for i in range(300)] + [7, b"x"]
     odd: list[Any] = [["a", "list"], Loud("w1"), 2.5]
@@ -108,14 +117,20 @@ def test_combined_records_keyed_by_themselves_split_as_record_by_record() -> Non
         slow = Shuffle("job", 1, "next", partitions, lambda value: value, "t0/p0",
                        router=None, batch_records=25,  # type: ignore[arg-type]
                        combine=count_partials)
+        keyed: list[str] = []  # batches the fast shuffle keyed record by record
+        per_record = fast._keys
+
+        def spy(values: list[Any], batch_id: str, dead: list[Any],
+                per_record: Any = per_record, keyed: list[str] = keyed) -> Any:
+            keyed.append(batch_id)
+            return per_record(values, batch_id, dead)
+
+        fast._keys = spy  # type: ignore[method-assign]
+        odd_batches = []
         for n in range(30):
-            values: list[Any] = [rng.choice(words) for _ in range(rng.randrange(0, 400))]
+            values: list[Any] = [rng.choice(words) for _ in range(rng.randrange(1, 400))]
             if n % 3 == 0:
                 values.insert(rng.randrange(len(values) + 1), odd[n // 3 % len(odd)])
-            dead_fast: list[Any] = []
-            dead_slow: list[Any] = []
-            a = fast.split(list(values), f"b#{n}", dead_fast)
-            b = slow.split(list(values), f"b#{n}", dead_slow)
-            assert ([(s.partition, s.sequence, s.keys, s.values) for s in a]
-                    == [(s.partition, s.sequence, s.keys, s.values) for s in b])
-            assert [d[:3] for d in dead_fast] == [d[:3] for d in dead_slow]
+                odd_batches.append(f"b#{n}")
+            split_alike(fast, slow, values, f"b#{n}")
+        assert keyed == odd_batches  # plain words never took the per-record path
