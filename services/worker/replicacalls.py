@@ -57,7 +57,7 @@ class ReplicationCalls:
         self._waiting: dict[str, list[_Waiting]] = {}
         self._turns: dict[str, asyncio.Lock] = {}
         self.calls = 0
-        """Calls made (a replication's share of a call is what tests count)."""
+        """ReplicateMany calls made so far (fewer than the replications they carried)."""
 
     async def replicate(self, address: str, request: worker_pb2.ReplicateRequest,
                         what: str) -> int:
