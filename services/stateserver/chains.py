@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -180,6 +181,9 @@ class StateChains:
         self.fold_bytes = FOLD_BYTES
         """The budget of one fold (see :data:`FOLD_ENTRIES`); tests shrink it."""
         self._due: set[OperatorKey] = set()
+        self._writing: dict[tuple[str, str, int], asyncio.Future[tuple[bool, int]]] = {}
+        """Windows being stored by :meth:`put` right now, by (job, operator,
+        window): a retry of one of them waits for it instead of storing it again."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -195,6 +199,10 @@ class StateChains:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        writes = list(self._writing.values())
+        for write in writes:  # queued writes stay queued: the committer's close commits them
+            write.cancel()
+        await asyncio.gather(*writes, return_exceptions=True)
 
     # -- writes ----------------------------------------------------------
 
@@ -214,11 +222,52 @@ class StateChains:
             await store._advance(conn, job_id, operator_id, window.epoch, 0)
             return result
 
-        created, deltas = await store._commit().submit(op, even_if_abandoned=True)
-        if created and deltas > self.max_deltas and self.auto_compact:
-            self._due.add((job_id, operator_id))
-            self._wake.set()
+        writing = (job_id, operator_id, window.window)
+        write = self._writing.get(writing)
+        if write is None:
+            # The write lives in a task of its own, so that a caller that gave
+            # up (an RPC past its deadline) neither skips it nor leaves a retry
+            # of it to store the window a second time: the retry joins it.
+            write = asyncio.ensure_future(store._commit().submit(op, even_if_abandoned=True))
+            self._writing[writing] = write
+            write.add_done_callback(functools.partial(self._written, writing))
+        created, _ = await asyncio.shield(write)
         return created
+
+    async def earlier_outcome(self, job_id: str, operator_id: str, window: int,
+                              epoch: int) -> bool | None:
+        """What storing ``window`` would answer when that is known before its
+        entries arrive: the outcome of a put of it in progress (a retry of a
+        write its caller gave up on, still queued here), or False when the
+        operator's head is at or past it (a retry of a stored window). None
+        when the window must be received and stored.
+
+        Receiving a window costs the server's loop time in proportion to its
+        bytes; under a backlog, callers time out and retry, and each retry
+        of a big window costing as much again was what kept an overloaded
+        state server overloaded. Raises StaleEpoch like :meth:`put`."""
+        store = self._store
+        store._check_fence(job_id, operator_id, epoch)
+        running = self._writing.get((job_id, operator_id, window))
+        if running is not None:
+            created, _ = await asyncio.shield(running)
+            return created
+        head = await _head(store._read(), job_id, operator_id)
+        if head is not None and window <= head[1]:
+            return False
+        return None
+
+    def _written(self, writing: tuple[str, str, int],
+                 write: asyncio.Future[tuple[bool, int]]) -> None:
+        """A put's write ended: retries of its window are received again, and
+        a chain grown past ``max_deltas`` is due for compaction."""
+        del self._writing[writing]
+        if write.cancelled() or write.exception() is not None:
+            return  # its callers got the error
+        created, deltas = write.result()
+        if created and deltas > self.max_deltas and self.auto_compact:
+            self._due.add(writing[:2])
+            self._wake.set()
 
     async def put_copy(self, windows: list[StateWindow]) -> int:
         """Stores a peer's copy (catch-up): its windows in order, in one

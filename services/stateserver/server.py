@@ -24,7 +24,7 @@ from services.stateserver.directory import JobDirectory
 from services.stateserver.layout import SnapshotMeta
 from services.stateserver.rows import decode_dead_letters, decode_rows, encode_entries
 from services.stateserver.stateresults import check_sources, read_state_rows
-from services.stateserver.statewire import receive_window, send_chunk
+from services.stateserver.statewire import first_chunk, receive_window, send_chunk
 from services.stateserver.store import DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_ROWS, SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -258,12 +258,22 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
         self, request_iterator: AsyncIterator[pb.StateChunk],
         context: grpc.aio.ServicerContext,
     ) -> pb.PutStateResponse:
-        """Stores one window of an operator's keyed state sent in chunks."""
+        """Stores one window of an operator's keyed state sent in chunks.
+
+        A retry of a window already stored, or being stored, is answered
+        from its first chunk: the rest is neither read nor checked."""
         await _injected_delay()
-        window = await receive_window(request_iterator)
+        chunks = aiter(request_iterator)
+        first = await first_chunk(chunks)
+        job_id, operator_id = first.meta.job_id, first.meta.operator_id
         if self._directory is not None:
-            await self._directory.check(window.job_id, window.operator_id)
-        created = await self._store.states.put(window)
+            await self._directory.check(job_id, operator_id)
+        states = self._store.states
+        known = await states.earlier_outcome(job_id, operator_id, first.meta.window,
+                                             first.meta.epoch)
+        if known is not None:
+            return pb.PutStateResponse(created=known)
+        created = await states.put(await receive_window(first, chunks))
         return pb.PutStateResponse(created=created)
 
     @servicer_method

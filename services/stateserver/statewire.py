@@ -21,27 +21,39 @@ from services.stateserver.store import _checksum
 _MAX_SQLITE_INT = 2**63 - 1
 
 
-async def receive_window(chunks: AsyncIterator[pb.StateChunk]) -> StateWindow:
-    """The window a PutState stream carries, every chunk checked; InvalidArgument
+async def first_chunk(chunks: AsyncIterator[pb.StateChunk]) -> pb.StateChunk:
+    """The first chunk of a PutState stream, its window's identity checked
+    (entries are checked by :func:`receive_window`); InvalidArgument (nothing
+    stored) for an empty stream or a chunk that names no operator."""
+    chunk = await anext(chunks, None)
+    if chunk is None:
+        raise InvalidArgument("PutState stream ended before a chunk with window_end; nothing "
+                              "stored")
+    meta = chunk.meta
+    if not meta.job_id or not meta.operator_id:
+        raise InvalidArgument("the first chunk's meta.job_id and meta.operator_id must "
+                              "be set; nothing stored")
+    if meta.window > _MAX_SQLITE_INT or meta.epoch > _MAX_SQLITE_INT or (
+            chunk.parent_window > _MAX_SQLITE_INT):
+        raise InvalidArgument("window, epoch and parent_window must be below 2**63; "
+                              "nothing stored")
+    return chunk
+
+
+async def receive_window(first: pb.StateChunk, rest: AsyncIterator[pb.StateChunk]
+                         ) -> StateWindow:
+    """The window a PutState stream carries (``first`` from :func:`first_chunk`,
+    then the ``rest`` of the stream), every chunk checked; InvalidArgument
     (nothing stored) for a stream that is malformed, corrupt or cut short."""
-    first: pb.StateChunk | None = None
     entries: list[Entry] = []
+    chunk: pb.StateChunk | None = first
     ended = False
-    async for chunk in chunks:
+    while chunk is not None:
         meta = chunk.meta
         if ended:
             raise InvalidArgument("PutState carries one window: a chunk came after the chunk "
                                   "with window_end; nothing stored")
-        if first is None:
-            first = chunk
-            if not meta.job_id or not meta.operator_id:
-                raise InvalidArgument("the first chunk's meta.job_id and meta.operator_id must "
-                                      "be set; nothing stored")
-            if meta.window > _MAX_SQLITE_INT or meta.epoch > _MAX_SQLITE_INT or (
-                    chunk.parent_window > _MAX_SQLITE_INT):
-                raise InvalidArgument("window, epoch and parent_window must be below 2**63; "
-                                      "nothing stored")
-        elif (meta.job_id, meta.operator_id, meta.window) != (
+        if chunk is not first and (meta.job_id, meta.operator_id, meta.window) != (
                 first.meta.job_id, first.meta.operator_id, first.meta.window):
             raise InvalidArgument(
                 f"every chunk of a PutState must be of one window; got {meta.operator_id} "
@@ -55,7 +67,8 @@ async def receive_window(chunks: AsyncIterator[pb.StateChunk]) -> StateWindow:
                 "nothing stored")
         entries.extend(decode_state_entries(chunk.entries, chunk.entry_count))
         ended = chunk.window_end
-    if first is None or not ended:
+        chunk = await anext(rest, None)
+    if not ended:
         raise InvalidArgument("PutState stream ended before a chunk with window_end; nothing "
                               "stored")
     return StateWindow(

@@ -25,6 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gridstream.auth import create_cluster_secret
 from gridstream.ids import checksum
+from gridstream.replicas import state_messages
 from gridstream.rpc import hold_member_secret, open_channel
 from gridstream.v1 import stateserver_pb2 as pb
 from gridstream.v1 import stateserver_pb2_grpc
@@ -387,6 +388,34 @@ async def test_fenced_writer_and_older_versions_change_nothing(state_client: Sta
     listed = await state_client.stub.ListSnapshots(pb.ListSnapshotsRequest(job_id=job),
                                                    timeout=CALL_TIMEOUT_S)
     assert [m.window for m in listed.snapshots] == [5 << 20]
+
+
+async def test_a_retried_window_is_answered_from_its_first_chunk(
+        state_client: StateClient) -> None:
+    """A retry of a stored window is answered before its entries are read:
+    receiving a big window costs the server in proportion to its bytes, and
+    retries that cost as much again kept an overloaded server overloaded. A
+    new window is still checked chunk by chunk."""
+    job, op = "retry-job", "retry-job/t0/p0"
+
+    def entries(*keys: str) -> tuple[bytes, int]:
+        return msgpack.packb([["sum", msgpack.packb(k), msgpack.packb(1)] for k in keys]), len(keys)
+
+    async def put_state(window: int, parent: int | None, corrupt_tail: bool = False) -> bool:
+        messages = await state_messages(job, op, window, 1, parent, b"header",
+                                        [entries("a", "b"), entries("c")])
+        if corrupt_tail:
+            messages[-1].entries = messages[-1].entries[:-1] + b"\x02"
+        reply = await state_client.stub.PutState(iter(messages), timeout=CALL_TIMEOUT_S)
+        return bool(reply.created)
+
+    assert await put_state(1, None) is True
+    assert await put_state(1, None, corrupt_tail=True) is False  # stored: the tail is unread
+    await expect_error(put_state(2, 1, corrupt_tail=True), grpc.StatusCode.INVALID_ARGUMENT,
+                       "does not match its meta.size/meta.checksum")
+    head = await state_client.stub.StateHead(pb.StateHeadRequest(job_id=job, operator_id=op),
+                                             timeout=CALL_TIMEOUT_S)
+    assert (head.found, head.head_window) == (True, 1)
 
 
 # -- process lifecycle -----------------------------------------------------------

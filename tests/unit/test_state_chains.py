@@ -379,3 +379,41 @@ async def _pages(store: SnapshotStore) -> int:
         rows = list(await conn.execute_fetchall("PRAGMA page_count"))
         return int(rows[0][0])
     return await store._commit().submit(count)
+
+
+async def test_a_retry_of_a_window_being_stored_joins_its_write(store: SnapshotStore) -> None:
+    """A caller that gave up leaves its window queued; a retry arriving
+    meanwhile gets that write's outcome instead of storing it a second time,
+    and a retry of a stored window is answered without its entries."""
+    await store.states.put(put_window(0, {"a": 1}))
+    held_writer = asyncio.Event()
+    writer_waiting = asyncio.Event()
+
+    async def hold(_conn: Any) -> None:
+        writer_waiting.set()
+        await held_writer.wait()
+
+    committer = store._commit()
+    holding = asyncio.create_task(committer.submit(hold))
+    try:
+        await writer_waiting.wait()
+        first = asyncio.create_task(store.states.put(put_window(1, {"b": 2})))
+        await asyncio.sleep(0)  # the put runs up to its wait for the writer
+        assert (JOB, OP, 1) in store.states._writing
+        first.cancel()  # its caller gave up: the write stays queued
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        retry = asyncio.create_task(store.states.earlier_outcome(JOB, OP, 1, epoch=2))
+        await asyncio.sleep(0.05)
+        assert not retry.done()  # it waits for the queued write, it does not store again
+        writes_before = committer.writes
+    finally:
+        held_writer.set()
+        await holding
+    assert await retry is True
+    assert committer.writes - writes_before == 2  # the held write, and the window once
+    assert await held(store) == ([0, 1], {"a": 1, "b": 2})
+    assert await store.states.earlier_outcome(JOB, OP, 1, epoch=2) is False  # stored
+    assert await store.states.earlier_outcome(JOB, OP, 2, epoch=2) is None  # still to send
+    with pytest.raises(StaleEpoch):
+        await store.states.earlier_outcome(JOB, OP, 2, epoch=1)
