@@ -106,6 +106,17 @@ async def test_replications_waiting_for_one_holder_share_a_call(
         p: p + 1 for p in range(12)}
 
 
+async def test_replications_started_in_one_step_go_out_as_one_call(
+        holder: tuple[Holder, str], calls: ReplicationCalls) -> None:
+    """One Push feeds several containers, whose replicators start together:
+    the first waits one step for the others instead of going alone."""
+    store, address = holder
+    burst = [asyncio.ensure_future(calls.replicate(address, request(p, 1), f"p{p}"))
+             for p in range(4)]
+    assert await asyncio.gather(*burst) == [1, 1, 1, 1]
+    assert store.calls == [4]
+
+
 async def test_a_refused_replication_fails_alone_with_the_error_of_its_own_call(
         holder: tuple[Holder, str], calls: ReplicationCalls) -> None:
     store, address = holder
