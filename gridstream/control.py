@@ -24,6 +24,17 @@ from gridstream.jobspec import JobSpec, load_job_file, validate
 from gridstream.types import ClusterStatus, JobInfo, JobProgress
 from gridstream.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
+DRAIN_POLL_S = 0.02
+"""How often a drain asks for the job's progress at first. At 0.05 s a
+900,000-word wordcount's drain took 0.133 s (median of 5), at 0.02 s 0.113 s."""
+
+DRAIN_FAST_FOR_S = 1.0
+"""A drain still going after this long asks every :data:`DRAIN_SLOW_POLL_S`."""
+
+DRAIN_SLOW_POLL_S = 0.1
+"""How often a long drain asks (a backlog of minutes need not be asked about
+fifty times a second)."""
+
 
 class ControlCalls:
     """The scheduler calls of :class:`gridstream.Client` (a mixin: the client
@@ -103,12 +114,18 @@ class ControlCalls:
         return status
 
     async def drain(self, job_id: str, timeout_s: float = 300.0,
-                    poll_s: float = 0.05) -> JobProgress:
+                    poll_s: float = DRAIN_POLL_S) -> JobProgress:
         """Waits until every record accepted so far is processed and its results
         are durable (two consecutive drained reports with the same counters).
         A scheduler that cannot be reached meanwhile (restarting, say) is asked
-        again until the deadline, which then names the last error."""
-        deadline = time.monotonic() + timeout_s
+        again until the deadline, which then names the last error.
+
+        Asks every ``poll_s`` for the first :data:`DRAIN_FAST_FOR_S`, then
+        every :data:`DRAIN_SLOW_POLL_S` (each ask costs the scheduler a call
+        to every worker): most drains end within a few tenths of a second,
+        and the wait past the end is up to one interval."""
+        started = time.monotonic()
+        deadline = started + timeout_s
         previous: tuple[int, ...] | None = None
         while True:
             try:
@@ -147,7 +164,9 @@ class ControlCalls:
                     f"{progress.holding or 'counters still changing'}"
                     + (f"; lost: {'; '.join(progress.losses[:5])}" if progress.losses else "")
                     + "; see `gridstream status --job` for every task")
-            await asyncio.sleep(0 if confirm else poll_s)
+            slow = time.monotonic() - started > DRAIN_FAST_FOR_S
+            await asyncio.sleep(0 if confirm else max(poll_s, DRAIN_SLOW_POLL_S) if slow
+                                else poll_s)
 
     # -- administration -----------------------------------------------------
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from gridstream.client import DEFAULT_BATCH_SIZE, Client
 from gridstream.config import SecurityConfig
+from gridstream.control import DRAIN_POLL_S
 from gridstream.jobspec import JobSpec
 from gridstream.loopthread import LoopThread
 from gridstream.types import ClusterStatus, DeadLetter, JobInfo, JobProgress, RoutingTable
@@ -76,7 +77,8 @@ class SyncClient:
         """See :meth:`Client.flush`."""
         self._loop.run(self._client.flush(job_id))
 
-    def drain(self, job_id: str, timeout_s: float = 300.0, poll_s: float = 0.05) -> JobProgress:
+    def drain(self, job_id: str, timeout_s: float = 300.0,
+              poll_s: float = DRAIN_POLL_S) -> JobProgress:
         """See :meth:`Client.drain`."""
         return self._loop.run(self._client.drain(job_id, timeout_s, poll_s))
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
+from gridstream import control
 from gridstream.examples import wordcount
-from gridstream.v1 import common_pb2
+from gridstream.v1 import common_pb2, scheduler_pb2
 from services.scheduler.progress import drain_verdict
 
 SPEC = wordcount.job(partitions=2)
@@ -45,3 +49,40 @@ def test_pending_tuple_trees_hold_an_exactly_once_drain_only() -> None:
     assert "1 tuple trees not complete" in drain_verdict(SPEC, entries).reason
     at_least_once = wordcount.job(partitions=2, delivery="at_least_once")
     assert drain_verdict(at_least_once, entries).drained
+
+
+class _Clock:
+    """Fake time for the drain's pacing: sleeping advances it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.asked_at: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+async def test_a_drain_asks_often_at_first_then_less_often(monkeypatch: Any) -> None:
+    """Most drains end within a few tenths of a second: asking often then
+    returns sooner; a long drain asks less often."""
+    clock = _Clock()
+    monkeypatch.setattr(control.time, "monotonic", clock.monotonic)
+    monkeypatch.setattr(control.asyncio, "sleep", clock.sleep)
+
+    class Calls(control.ControlCalls):
+        async def progress_message(self, job_id: str, flush: bool = False
+                                   ) -> scheduler_pb2.JobProgress:
+            clock.asked_at.append(clock.now)
+            return scheduler_pb2.JobProgress(job_id=job_id, drained=clock.now >= 1.5,
+                                             tasks=[idle(0, 0)])
+
+    await Calls().drain("job-1", timeout_s=10.0)
+    gaps = [round(b - a, 3) for a, b in itertools.pairwise(clock.asked_at)]
+    fast = [g for t, g in zip(clock.asked_at, gaps, strict=False) if t < 0.9]
+    slow = [g for t, g in zip(clock.asked_at, gaps, strict=False) if 1.1 < t < 1.5]
+    assert set(fast) == {control.DRAIN_POLL_S}
+    assert set(slow) == {control.DRAIN_SLOW_POLL_S}
+    assert gaps[-1] == 0  # the first drained answer is confirmed at once
