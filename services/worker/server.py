@@ -35,6 +35,7 @@ from services.worker.queues import ContainerClosed
 from services.worker.replicacalls import MAX_REPLICATIONS_PER_CALL
 from services.worker.tasks import TaskRunner
 from services.worker.tracker_answers import answer_tracking_events
+from services.worker.trackers import MAX_REPORTS_PER_CALL
 
 _MARGIN_S = 0.2
 
@@ -298,10 +299,26 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         )
 
     @servicer_method
-    async def Track(
-        self, request: worker_pb2.TrackRequest, context: grpc.aio.ServicerContext
-    ) -> worker_pb2.TrackResponse:
-        """Applies a task's tracking report to a tracker hosted here."""
+    async def TrackMany(
+        self, request: worker_pb2.TrackManyRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.TrackManyResponse:
+        """Applies a worker's tracking reports to trackers hosted here: each
+        report checked, applied and answered on its own."""
+        if len(request.reports) > MAX_REPORTS_PER_CALL:
+            raise InvalidArgument(
+                f"{len(request.reports)} tracking reports in one call; at most "
+                f"{MAX_REPORTS_PER_CALL} (nothing was applied)")
+        outcomes = []
+        for report in request.reports:
+            try:
+                outcomes.append(worker_pb2.TrackOutcome(roots_held=await self._track(report)))
+            except GridstreamError as exc:
+                outcomes.append(worker_pb2.TrackOutcome(code=status_number(exc),
+                                                        details=str(exc)))
+        return worker_pb2.TrackManyResponse(outcomes=outcomes)
+
+    async def _track(self, request: worker_pb2.TrackRequest) -> int:
+        """Applies one task's tracking report to a tracker hosted here."""
         if not request.job_id:
             raise InvalidArgument("job_id is empty; name the job the roots belong to")
         check_id(request.job_id, "job_id")
@@ -311,8 +328,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise InvalidArgument("roots and values must be little-endian uint64 arrays of "
                                   "the same length; nothing applied")
         await self._check_listed(request.job_id, "tracking report")
-        held = await self.node.trackers.track(request)
-        return worker_pb2.TrackResponse(roots_held=held)
+        return await self.node.trackers.track(request)
 
     @servicer_method
     async def TrackingEvents(

@@ -36,14 +36,31 @@ import grpc
 import numpy as np
 
 from gridstream import rpc
-from gridstream.errors import StaleEpoch
+from gridstream.errors import (
+    GridstreamError,
+    StaleEpoch,
+    Unavailable,
+    from_rpc_error,
+    from_status,
+)
 from gridstream.retry import Backoff
 from gridstream.routing import RoutingView
 from gridstream.tracking import TrackingTable
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
+from services.worker.peercalls import CoalescedCalls, Waiting
 from services.worker.tracker_layout import U64, TrackerLayout, pack, unpack
 
 log = logging.getLogger(__name__)
+MAX_REPORTS_PER_CALL = 64
+"""Tracking reports in one TrackMany call at most (the host refuses more)."""
+
+MAX_REPORT_BYTES_PER_CALL = 4 * 1024 * 1024
+"""A call takes no more reports once it carries this many bytes."""
+
+REPORT_LINGER_S = 0.0
+"""How long the first report for an idle host waits for others to join its
+call (0: one step of the event loop)."""
+
 TICK_S = 0.1
 """How often timeouts are checked and pending events and rebuilds retried."""
 HURRY_S = 1.0
@@ -496,6 +513,9 @@ class TrackingReporter:
         self.routing = routing
         self.channels = channels
         self.host = host
+        self.calls: CoalescedCalls[worker_pb2.TrackRequest, int] = CoalescedCalls(
+            self._send_many, MAX_REPORTS_PER_CALL, MAX_REPORT_BYTES_PER_CALL, REPORT_LINGER_S)
+        """Reports for one host go together (see :mod:`services.worker.peercalls`)."""
 
     async def report(self, job_id: str, partition: int, reporter: str, sequence: int,
                      roots: list[int], values: list[int]) -> None:
@@ -545,11 +565,27 @@ class TrackingReporter:
             address = self.routing.addresses.get(host)
             if address is None:
                 return False
-            await worker_pb2_grpc.WorkerStub(self.channels.get(address)).Track(
-                request, timeout=rpc.CONTROL_TIMEOUT_S)
+            await self.calls.call(address, request, request.ByteSize(),
+                                  f"tracking report to {host}")
             return True
-        except StaleEpoch:
+        except GridstreamError as exc:  # routed again (stale epoch) or resent
+            log.debug("tracking report to %s failed: %s", host, exc)
             return False
+
+    async def _send_many(self, address: str,
+                         batch: list[Waiting[worker_pb2.TrackRequest, int]]
+                         ) -> list[int | Exception]:
+        """One TrackMany call; an outcome per report."""
+        stub = worker_pb2_grpc.WorkerStub(self.channels.get(address))
+        try:
+            response = await stub.TrackMany(
+                worker_pb2.TrackManyRequest(reports=[w.request for w in batch]),
+                timeout=rpc.CONTROL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
-            log.debug("tracking report to %s failed: %s", host, exc.code().name)
-            return False
+            return [from_rpc_error(exc, waiting.what) for waiting in batch]
+        if len(response.outcomes) != len(batch):
+            return [Unavailable(f"{waiting.what}: the host answered {len(response.outcomes)} "
+                                f"outcomes for {len(batch)} reports") for waiting in batch]
+        return [from_status(outcome.code, outcome.details, waiting.what) if outcome.code
+                else int(outcome.roots_held)
+                for waiting, outcome in zip(batch, response.outcomes, strict=True)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import replace
 from typing import Any
 
@@ -31,6 +31,7 @@ from gridstream.v1 import (
     worker_pb2_grpc,
 )
 from services.worker.replicacalls import MAX_REPLICATIONS_PER_CALL
+from services.worker.trackers import MAX_REPORTS_PER_CALL
 
 pytestmark = pytest.mark.integration
 
@@ -77,15 +78,11 @@ async def refused(call: Any, text: str) -> str:
 STATUS_BY_NUMBER = {status.value[0]: status for status in grpc.StatusCode}
 
 
-async def refused_replication(worker: worker_pb2_grpc.WorkerStub,
-                              request: worker_pb2.ReplicateRequest,
-                              code: grpc.StatusCode, text: str) -> str:
-    """Sends one replication as a member does (a ReplicateMany of one): the
-    call or the replication's own outcome must be refused with ``code``
-    naming ``text``."""
+async def refused_outcome(call: Awaitable[Any], code: grpc.StatusCode, text: str) -> str:
+    """A "many" call of one request, sent as a member does: the call or the
+    request's own outcome must be refused with ``code`` naming ``text``."""
     try:
-        reply = await worker.ReplicateMany(worker_pb2.ReplicateManyRequest(requests=[request]),
-                                           timeout=CALL_TIMEOUT_S)
+        reply = await call
     except grpc.aio.AioRpcError as exc:
         got, details = exc.code(), exc.details() or ""
     else:
@@ -94,16 +91,36 @@ async def refused_replication(worker: worker_pb2_grpc.WorkerStub,
     assert got == code, (got, details)
     assert text in details, details
     assert len(details) < 400, details
-    return details
+    return str(details)
 
 
-async def test_more_replications_in_one_call_than_allowed(
+async def refused_replication(worker: worker_pb2_grpc.WorkerStub,
+                              request: worker_pb2.ReplicateRequest,
+                              code: grpc.StatusCode, text: str) -> str:
+    """One replication as a member sends it (a ReplicateMany of one), refused."""
+    return await refused_outcome(worker.ReplicateMany(
+        worker_pb2.ReplicateManyRequest(requests=[request]), timeout=CALL_TIMEOUT_S),
+        code, text)
+
+
+async def refused_report(worker: worker_pb2_grpc.WorkerStub, request: worker_pb2.TrackRequest,
+                         code: grpc.StatusCode, text: str) -> str:
+    """One tracking report as a member sends it (a TrackMany of one), refused."""
+    return await refused_outcome(worker.TrackMany(
+        worker_pb2.TrackManyRequest(reports=[request]), timeout=CALL_TIMEOUT_S), code, text)
+
+
+async def test_more_requests_in_one_call_than_allowed(
         worker: worker_pb2_grpc.WorkerStub, job_id: str) -> None:
     one = worker_pb2.ReplicateRequest(job_id=job_id, task=0, partition=0, epoch=1,
                                       primary="worker-9")
     await refused(worker.ReplicateMany(
         worker_pb2.ReplicateManyRequest(requests=[one] * (MAX_REPLICATIONS_PER_CALL + 1)),
         timeout=CALL_TIMEOUT_S), f"at most {MAX_REPLICATIONS_PER_CALL}")
+    report = worker_pb2.TrackRequest(job_id=job_id, tracker=0, epoch=1)
+    await refused(worker.TrackMany(
+        worker_pb2.TrackManyRequest(reports=[report] * (MAX_REPORTS_PER_CALL + 1)),
+        timeout=CALL_TIMEOUT_S), f"at most {MAX_REPORTS_PER_CALL}")
 
 
 @pytest_asyncio.fixture
@@ -235,8 +252,8 @@ async def test_member_calls_naming_an_epoch_ahead_of_the_cluster_are_refused(
         ahead, text)
     await refused_with(worker.FetchContainer(worker_pb2.FetchContainerRequest(
         job_id=job_id, task=0, partition=0, epoch=AHEAD), timeout=CALL_TIMEOUT_S), ahead, text)
-    await refused_with(worker.Track(worker_pb2.TrackRequest(
-        job_id=job_id, tracker=0, epoch=AHEAD), timeout=CALL_TIMEOUT_S), ahead, text)
+    await refused_report(worker, worker_pb2.TrackRequest(job_id=job_id, tracker=0, epoch=AHEAD),
+                         ahead, text)
     await refused_with(worker.TrackingEvents(worker_pb2.TrackingEventsRequest(
         job_id=job_id, epoch=AHEAD), timeout=CALL_TIMEOUT_S), ahead, text)
 
@@ -250,15 +267,16 @@ async def test_replication_tracking_and_log_fetch_of_a_job_no_table_lists(
     await refused_replication(worker, worker_pb2.ReplicateRequest(
         job_id=GHOST, task=0, partition=0, epoch=1, primary="worker-1", reset=True),
         missing, text)
-    await refused_with(worker.Track(worker_pb2.TrackRequest(
-        job_id=GHOST, tracker=0, epoch=1), timeout=CALL_TIMEOUT_S), missing, text)
+    await refused_report(worker, worker_pb2.TrackRequest(job_id=GHOST, tracker=0, epoch=1),
+                         missing, text)
     await refused_with(worker.FetchContainer(worker_pb2.FetchContainerRequest(
         job_id=GHOST, task=0, partition=0, epoch=1), timeout=CALL_TIMEOUT_S), missing, text)
     # A job the table lists is still served (a backup may hear of a job
     # before it deploys it).
-    reply = await worker.Track(worker_pb2.TrackRequest(job_id=job_id, tracker=0, epoch=1),
-                               timeout=CALL_TIMEOUT_S)
-    assert reply.roots_held == 0
+    reply = await worker.TrackMany(worker_pb2.TrackManyRequest(
+        reports=[worker_pb2.TrackRequest(job_id=job_id, tracker=0, epoch=1)]),
+        timeout=CALL_TIMEOUT_S)
+    assert [(o.code, o.roots_held) for o in reply.outcomes] == [(0, 0)]
 
 
 async def test_afterwards_the_job_gives_the_reference_and_nothing_restarted(
