@@ -19,11 +19,13 @@ raises for that caller alone the error a call of its own would have raised.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-from gridstream.errors import Unavailable
+import grpc
+
+from gridstream.errors import Unavailable, from_rpc_error, from_status
 
 RequestT = TypeVar("RequestT")
 ResultT = TypeVar("ResultT")
@@ -113,14 +115,39 @@ class CoalescedCalls(Generic[RequestT, ResultT]):
                 _settle(waiting, Unavailable(
                     f"{waiting.what}: the call carrying it was cancelled; retrying"))
             raise
-        if len(outcomes) != len(batch):
-            for waiting in batch:
-                _settle(waiting, Unavailable(
-                    f"{waiting.what}: the peer answered {len(outcomes)} outcomes for "
-                    f"{len(batch)} requests"))
-            return
         for waiting, outcome in zip(batch, outcomes, strict=True):
             _settle(waiting, outcome)
+
+
+class Outcome(Protocol):
+    """What a peer answers for one request of a "many" call."""
+
+    code: int
+    """0 when applied; otherwise the gRPC status code it was refused with."""
+    details: str
+    """Why it was refused."""
+
+
+OutcomeT = TypeVar("OutcomeT", bound=Outcome)
+
+
+async def many_outcomes(batch: list[Waiting[RequestT, ResultT]],
+                        reply: Awaitable[Sequence[OutcomeT]],
+                        result: Callable[[OutcomeT], ResultT]) -> list[ResultT | Exception]:
+    """The outcome of each request of a "many" call whose answer is
+    ``reply`` (the call's outcomes, in order): ``result`` of an applied
+    one, or the typed error a call of its own would have raised, named
+    by the request's ``what``. A failed call, or an answer with a wrong
+    number of outcomes, fails every request."""
+    try:
+        outcomes = await reply
+    except grpc.aio.AioRpcError as exc:
+        return [from_rpc_error(exc, waiting.what) for waiting in batch]
+    if len(outcomes) != len(batch):
+        return [Unavailable(f"{waiting.what}: the peer answered {len(outcomes)} outcomes "
+                            f"for {len(batch)} requests") for waiting in batch]
+    return [from_status(outcome.code, outcome.details, waiting.what) if outcome.code
+            else result(outcome) for waiting, outcome in zip(batch, outcomes, strict=True)]
 
 
 def _settle(waiting: Waiting[RequestT, ResultT], outcome: ResultT | Exception) -> None:

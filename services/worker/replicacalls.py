@@ -21,12 +21,11 @@ own would have raised.
 
 from __future__ import annotations
 
-import grpc
+from collections.abc import Sequence
 
 from gridstream import rpc
-from gridstream.errors import Unavailable, from_rpc_error, from_status
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
-from services.worker.peercalls import CoalescedCalls, Waiting
+from services.worker.peercalls import CoalescedCalls, Waiting, many_outcomes
 
 REPLICATE_TIMEOUT_S = 5.0
 """Deadline of one call; a holder that takes longer is retried."""
@@ -66,16 +65,11 @@ class ReplicationCalls:
                          batch: list[Waiting[worker_pb2.ReplicateRequest, int]]
                          ) -> list[int | Exception]:
         stub = worker_pb2_grpc.WorkerStub(self._channels.get(address))
-        try:
-            response = await stub.ReplicateMany(
+
+        async def reply() -> Sequence[worker_pb2.ReplicateOutcome]:
+            response: worker_pb2.ReplicateManyResponse = await stub.ReplicateMany(
                 worker_pb2.ReplicateManyRequest(requests=[w.request for w in batch]),
                 timeout=self._timeout_s)
-        except grpc.aio.AioRpcError as exc:
-            return [from_rpc_error(exc, waiting.what) for waiting in batch]
-        if len(response.outcomes) != len(batch):
-            return [Unavailable(f"{waiting.what}: the holder answered "
-                                f"{len(response.outcomes)} outcomes for {len(batch)} "
-                                "replications") for waiting in batch]
-        return [from_status(outcome.code, outcome.details, waiting.what) if outcome.code
-                else int(outcome.next_offset)
-                for waiting, outcome in zip(batch, response.outcomes, strict=True)]
+            return response.outcomes
+
+        return await many_outcomes(batch, reply(), lambda outcome: int(outcome.next_offset))

@@ -29,25 +29,19 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 import numpy as np
 
 from gridstream import rpc
-from gridstream.errors import (
-    GridstreamError,
-    StaleEpoch,
-    Unavailable,
-    from_rpc_error,
-    from_status,
-)
+from gridstream.errors import GridstreamError, StaleEpoch
 from gridstream.retry import Backoff
 from gridstream.routing import RoutingView
 from gridstream.tracking import TrackingTable
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
-from services.worker.peercalls import CoalescedCalls, Waiting
+from services.worker.peercalls import CoalescedCalls, Waiting, many_outcomes
 from services.worker.tracker_layout import U64, TrackerLayout, pack, unpack
 
 log = logging.getLogger(__name__)
@@ -577,15 +571,11 @@ class TrackingReporter:
                          ) -> list[int | Exception]:
         """One TrackMany call; an outcome per report."""
         stub = worker_pb2_grpc.WorkerStub(self.channels.get(address))
-        try:
-            response = await stub.TrackMany(
+
+        async def reply() -> Sequence[worker_pb2.TrackOutcome]:
+            response: worker_pb2.TrackManyResponse = await stub.TrackMany(
                 worker_pb2.TrackManyRequest(reports=[w.request for w in batch]),
                 timeout=rpc.CONTROL_TIMEOUT_S)
-        except grpc.aio.AioRpcError as exc:
-            return [from_rpc_error(exc, waiting.what) for waiting in batch]
-        if len(response.outcomes) != len(batch):
-            return [Unavailable(f"{waiting.what}: the host answered {len(response.outcomes)} "
-                                f"outcomes for {len(batch)} reports") for waiting in batch]
-        return [from_status(outcome.code, outcome.details, waiting.what) if outcome.code
-                else int(outcome.roots_held)
-                for waiting, outcome in zip(batch, response.outcomes, strict=True)]
+            return response.outcomes
+
+        return await many_outcomes(batch, reply(), lambda outcome: int(outcome.roots_held))
