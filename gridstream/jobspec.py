@@ -6,7 +6,7 @@ A job file looks like::
     name = "taxi"
     partitions = 12            # optional; the cluster default otherwise
     delivery = "exactly_once"  # or "at_least_once", "at_most_once"
-    window_size = 10000        # optional; records per window snapshot
+    window_size = 50000        # optional; records per window snapshot
 
     [[stages]]
     name = "parse"

@@ -15,7 +15,7 @@ from gridstream.v1 import common_pb2
 def test_defaults_without_a_file() -> None:
     config = load_config(None, env={})
     assert config == Config()
-    assert config.cluster.window_size == 10_000
+    assert config.cluster.window_size == 50_000
 
 
 def test_file_then_environment_override(tmp_path: Path) -> None:
