@@ -1,14 +1,18 @@
-"""A drain asks the tasks to close their pending windows at once.
+"""Windows close by time as well as by count, and a drain closes them at once.
 
 Windows of an exactly-once job close every W records, or
 ``cluster.tracking_flush_s`` after processed batches began waiting for a
-durable window. A caller that drains is waiting for exactly that window, so
-``Client.drain`` asks for it now. Here the timer is 25 s: a drain that ends
-within 12 s (with every count right) can only have ended by that request.
+durable window: that timer is the snapshot cadence of a task that sees
+fewer than W records per interval. A caller that drains is waiting for
+exactly that window, so ``Client.drain`` asks for it now. In the drain test
+the timer is 25 s: a drain that ends within 12 s (with every count right)
+can only have ended by that request.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
@@ -47,3 +51,45 @@ async def test_drain_closes_pending_windows_without_waiting_for_the_timer(
         progress = await client.drain(job_id, timeout_s=FLUSH_TIMER_S / 2)
         assert sum(t.windows_persisted for t in progress.tasks) >= 1
         assert await client.results(job_id) == wordcount.reference(lines)
+
+
+CADENCE_S = 0.3
+"""The flush timer of the cadence test; W there is far above what it sends."""
+
+
+@pytest_asyncio.fixture
+async def fast_timer_cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
+    """Windows of 1,000,000 records and a 0.3 s flush timer: windows of a
+    job that sends less than W can only close by time."""
+    base = Config()
+    config = replace(base, cluster=replace(base.cluster, window_size=1_000_000,
+                                           tracking_flush_s=CADENCE_S))
+    async with LocalCluster(tmp_path, config, workers=2, state_servers=2) as local:
+        yield local
+
+
+async def test_a_busy_task_stores_a_window_every_flush_interval_below_w(
+    fast_timer_cluster: LocalCluster,
+) -> None:
+    lines = wordcount.generate(40_000, seed=12)
+    sent: list[str] = []
+    async with Client(fast_timer_cluster.scheduler_address) as client:
+        job_id = await client.submit(wordcount.job())
+        deadline = time.monotonic() + 30.0
+        windows = 0
+        # Keep sending (a batch per round, the stream never stops for a
+        # drain) until the tasks have stored windows by time alone.
+        for start in range(0, len(lines), 200):
+            await client.send(job_id, lines[start:start + 200])
+            sent.extend(lines[start:start + 200])
+            progress = await client.progress(job_id)
+            windows = sum(t.windows_persisted for t in progress.tasks)
+            if windows >= 4 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(CADENCE_S / 10)  # a paced stream, not a readiness wait
+        words_sent = sum(len(line.split()) for line in sent)
+        assert windows >= 4, (f"{windows} windows stored after {words_sent} words, "
+                              "far below W: the flush timer closes no windows")
+        assert words_sent < 1_000_000  # none of them closed by count
+        await client.drain(job_id)
+        assert await client.results(job_id) == wordcount.reference(sent)
