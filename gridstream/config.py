@@ -32,16 +32,10 @@ class ClusterConfig:
     """Settings every member must agree on."""
 
     window_size: int = 50_000
-    """Records per window snapshot (the seed's W). Smaller windows mean less
-    replay after a failure and more snapshot writes. With tracking on, a busy
-    task also closes its window every ``tracking_flush_s``, so at up to W
-    records per second per task that interval, not W, sets the cadence; W
-    bounds the replay of a faster task (50,000 records: a fraction of a
-    second of work). Every window writes the keys it touched to R state
-    servers and ships them to a standby, so the cadence is what keyed state
-    costs: on the taxi bench (1M records, 10,000 keys with growing values),
-    W = 10,000 with a 0.5 s flush made 225 windows and 8.2 CPU-seconds per
-    run, W = 50,000 with a 1 s flush 72 windows and 5.7."""
+    """Records per window snapshot (the seed's W): less replay after a
+    failure against more snapshot writes. A tracked task also closes one
+    every ``tracking_flush_s``: W bounds a fast task's replay, the timer sets
+    a slower one's cadence (docs/benchmarks.md, "Snapshot cadence")."""
 
     partitions: int = 12
     """Default number of partitions of a job; fixed for the job's life."""
@@ -93,13 +87,10 @@ class ClusterConfig:
     every worker keeps its last owner and is named in the job's progress."""
 
     tracking_flush_s: float = 1.0
-    """A task that has processed batches whose tracking reports wait for a
-    durable window closes its window after at most this long, even before W
-    records: trees complete within about this much of their last batch, and
-    a busy task snapshots about this often (1 s, the snapshot interval the
-    peers' benchmarks run with). Lower it for trees that complete sooner at
-    the price of more window writes; a drain does not wait for it: it asks
-    the tasks to close such windows now."""
+    """A task whose processed batches' tracking reports wait for a durable
+    window closes it after at most this long, even before W records: trees
+    complete, and a busy task snapshots, about this often. A drain does not
+    wait for it: it asks the tasks to close such windows now."""
 
     job_modules: tuple[str, ...] = ("gridstream.builtins", "gridstream.examples")
     """Modules (or packages, with everything below them) whose functions jobs

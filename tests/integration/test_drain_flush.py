@@ -12,6 +12,7 @@ can only have ended by that request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -30,14 +31,23 @@ pytestmark = pytest.mark.integration
 FLUSH_TIMER_S = 25.0
 
 
+@contextlib.asynccontextmanager
+async def cadence_cluster(tmp_path: Path, window_size: int,
+                          flush_s: float) -> AsyncIterator[LocalCluster]:
+    """A local cluster whose windows close every ``window_size`` records or
+    ``flush_s`` after tracked batches began waiting."""
+    base = Config()
+    config = replace(base, cluster=replace(base.cluster, window_size=window_size,
+                                           tracking_flush_s=flush_s))
+    async with LocalCluster(tmp_path, config, workers=2, state_servers=2) as local:
+        yield local
+
+
 @pytest_asyncio.fixture
 async def slow_timer_cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
     """Windows of 100,000 records and a 25 s flush timer: a small job's last
     window closes only when asked."""
-    base = Config()
-    config = replace(base, cluster=replace(base.cluster, window_size=100_000,
-                                           tracking_flush_s=FLUSH_TIMER_S))
-    async with LocalCluster(tmp_path, config, workers=2, state_servers=2) as local:
+    async with cadence_cluster(tmp_path, 100_000, FLUSH_TIMER_S) as local:
         yield local
 
 
@@ -61,10 +71,7 @@ CADENCE_S = 0.3
 async def fast_timer_cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
     """Windows of 1,000,000 records and a 0.3 s flush timer: windows of a
     job that sends less than W can only close by time."""
-    base = Config()
-    config = replace(base, cluster=replace(base.cluster, window_size=1_000_000,
-                                           tracking_flush_s=CADENCE_S))
-    async with LocalCluster(tmp_path, config, workers=2, state_servers=2) as local:
+    async with cadence_cluster(tmp_path, 1_000_000, CADENCE_S) as local:
         yield local
 
 
