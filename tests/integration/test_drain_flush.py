@@ -19,7 +19,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
 
 from gridstream.client import Client
 from gridstream.config import Config
@@ -43,19 +42,14 @@ async def cadence_cluster(tmp_path: Path, window_size: int,
         yield local
 
 
-@pytest_asyncio.fixture
-async def slow_timer_cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    """Windows of 100,000 records and a 25 s flush timer: a small job's last
-    window closes only when asked."""
-    async with cadence_cluster(tmp_path, 100_000, FLUSH_TIMER_S) as local:
-        yield local
-
-
 async def test_drain_closes_pending_windows_without_waiting_for_the_timer(
-    slow_timer_cluster: LocalCluster,
+    tmp_path: Path,
 ) -> None:
+    # Windows of 100,000 records and a 25 s flush timer: a small job's last
+    # window closes only when asked.
     lines = wordcount.generate(5_000, seed=11)
-    async with Client(slow_timer_cluster.scheduler_address) as client:
+    async with (cadence_cluster(tmp_path, 100_000, FLUSH_TIMER_S) as cluster,
+                Client(cluster.scheduler_address) as client):
         job_id = await client.submit(wordcount.job())
         await client.send(job_id, lines)
         progress = await client.drain(job_id, timeout_s=FLUSH_TIMER_S / 2)
@@ -67,20 +61,15 @@ CADENCE_S = 0.3
 """The flush timer of the cadence test; W there is far above what it sends."""
 
 
-@pytest_asyncio.fixture
-async def fast_timer_cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
-    """Windows of 1,000,000 records and a 0.3 s flush timer: windows of a
-    job that sends less than W can only close by time."""
-    async with cadence_cluster(tmp_path, 1_000_000, CADENCE_S) as local:
-        yield local
-
-
 async def test_a_busy_task_stores_a_window_every_flush_interval_below_w(
-    fast_timer_cluster: LocalCluster,
+    tmp_path: Path,
 ) -> None:
+    # Windows of 1,000,000 records and a 0.3 s flush timer: windows of a job
+    # that sends less than W can only close by time.
     lines = wordcount.generate(40_000, seed=12)
     sent: list[str] = []
-    async with Client(fast_timer_cluster.scheduler_address) as client:
+    async with (cadence_cluster(tmp_path, 1_000_000, CADENCE_S) as cluster,
+                Client(cluster.scheduler_address) as client):
         job_id = await client.submit(wordcount.job())
         deadline = time.monotonic() + 30.0
         windows = 0
