@@ -115,6 +115,15 @@ class CoalescedCalls(Generic[RequestT, ResultT]):
                 _settle(waiting, Unavailable(
                     f"{waiting.what}: the call carrying it was cancelled; retrying"))
             raise
+        if len(outcomes) != len(batch):
+            # A peer (or a send_many) that answered the wrong number of
+            # outcomes: nobody can tell whose is whose, so every request
+            # is retried; none is left waiting for an outcome never given.
+            for waiting in batch:
+                _settle(waiting, Unavailable(
+                    f"{waiting.what}: the peer answered {len(outcomes)} outcomes for "
+                    f"{len(batch)} requests; retrying"))
+            return
         for waiting, outcome in zip(batch, outcomes, strict=True):
             _settle(waiting, outcome)
 
@@ -137,17 +146,15 @@ async def many_outcomes(batch: list[Waiting[RequestT, ResultT]],
     """The outcome of each request of a "many" call whose answer is
     ``reply`` (the call's outcomes, in order): ``result`` of an applied
     one, or the typed error a call of its own would have raised, named
-    by the request's ``what``. A failed call, or an answer with a wrong
-    number of outcomes, fails every request."""
+    by the request's ``what``. A failed call fails every request; an
+    answer with a wrong number of outcomes is caught by
+    :class:`CoalescedCalls`, which fails every request then."""
     try:
         outcomes = await reply
     except grpc.aio.AioRpcError as exc:
         return [from_rpc_error(exc, waiting.what) for waiting in batch]
-    if len(outcomes) != len(batch):
-        return [Unavailable(f"{waiting.what}: the peer answered {len(outcomes)} outcomes "
-                            f"for {len(batch)} requests") for waiting in batch]
     return [from_status(outcome.code, outcome.details, waiting.what) if outcome.code
-            else result(outcome) for waiting, outcome in zip(batch, outcomes, strict=True)]
+            else result(outcome) for waiting, outcome in zip(batch, outcomes, strict=False)]
 
 
 def _settle(waiting: Waiting[RequestT, ResultT], outcome: ResultT | Exception) -> None:
