@@ -31,6 +31,7 @@ from gridstream.errors import (
     from_rpc_error,
 )
 from gridstream.ids import checksum
+from gridstream.peercalls import CoalescedCalls, Waiting, many_outcomes
 from gridstream.placement import ReplicaSet
 from gridstream.routing import RoutingView
 from gridstream.v1 import stateserver_pb2, stateserver_pb2_grpc
@@ -41,6 +42,15 @@ _FINAL = (StaleEpoch, InvalidArgument, NotFound, ResourceExhausted)
 """Refusals that another replica or a retry would repeat: the caller must act."""
 
 Call = Callable[[stateserver_pb2_grpc.StateServerStub], Awaitable[Any]]
+WriteCall = Callable[[str, str], Awaitable[Any]]
+"""A write to one state server, given its node id and address."""
+
+MAX_RESULT_WRITES_PER_CALL = 64
+"""Result writes in one WriteResultsMany call at most (the state server refuses more)."""
+
+MAX_RESULT_BYTES_PER_CALL = 8 * 1024 * 1024
+"""A WriteResultsMany call takes no more writes once it carries this many
+bytes (it always takes one)."""
 
 
 class ReplicaClient:
@@ -54,6 +64,16 @@ class ReplicaClient:
         self.routing = routing
         self.channels = channels
         self._stragglers: set[asyncio.Future[Any]] = set()
+        self._result_writes: CoalescedCalls[stateserver_pb2.WriteResultsRequest, None] = (
+            CoalescedCalls(self._write_results_many, MAX_RESULT_WRITES_PER_CALL,
+                           MAX_RESULT_BYTES_PER_CALL))
+        """Result writes of this process's operators, one WriteResultsMany
+        call per state server at a time (see :mod:`gridstream.peercalls`)."""
+
+    @property
+    def result_write_calls(self) -> int:
+        """WriteResultsMany calls made so far (fewer than the writes they carried)."""
+        return self._result_writes.calls
 
     def _stub(self, address: str) -> stateserver_pb2_grpc.StateServerStub:
         return stateserver_pb2_grpc.StateServerStub(self.channels.get(address))
@@ -69,7 +89,7 @@ class ReplicaClient:
 
     # -- writes ----------------------------------------------------------------
 
-    async def _write(self, operator_id: str, what: str, call: Call) -> None:
+    async def _write(self, operator_id: str, what: str, call: WriteCall) -> None:
         """Sends ``call`` to the operator's replicas; returns once W acknowledged.
 
         Raises the replicas' refusal (stale epoch, bad request) at once, and
@@ -84,7 +104,7 @@ class ReplicaClient:
             raise Unavailable(f"{what}: only {len(targets)} writable state servers, "
                               f"{needed} must acknowledge; waiting for replicas to come back")
         pending: dict[asyncio.Future[Any], str] = {
-            asyncio.ensure_future(call(self._stub(replicas.writable[node]))): node
+            asyncio.ensure_future(call(node, replicas.writable[node])): node
             for node in targets
         }
         acked = 0
@@ -128,7 +148,8 @@ class ReplicaClient:
                 size=len(payload), checksum=checksum(payload)),
             payload=payload)
         await self._write(operator_id, f"storing window {window} of {operator_id}",
-                          lambda stub: stub.PutSnapshot(request, timeout=rpc.DATA_TIMEOUT_S))
+                          lambda node, address: self._stub(address).PutSnapshot(
+                              request, timeout=rpc.DATA_TIMEOUT_S))
 
     async def put_state(
         self, job_id: str, operator_id: str, window: int, epoch: int, parent: int | None,
@@ -144,7 +165,8 @@ class ReplicaClient:
         size = sum(len(m.header) + len(m.entries) for m in messages)
         timeout = max(rpc.DATA_TIMEOUT_S, size / _SLOWEST_BYTES_PER_S)
         await self._write(operator_id, f"storing window {window} of {operator_id}'s state",
-                          lambda stub: stub.PutState(iter(messages), timeout=timeout))
+                          lambda node, address: self._stub(address).PutState(
+                              iter(messages), timeout=timeout))
 
     async def read_state(self, job_id: str, operator_id: str, epoch: int,
                          after: int | None = None) -> StoredState | None:
@@ -209,8 +231,24 @@ class ReplicaClient:
             job_id=job_id, operator_id=operator_id, rows=codec.pack(rows), row_count=len(rows),
             dead_letters=codec.pack([list(d) for d in dead_letters]),
             dead_letter_count=len(dead_letters), epoch=epoch, version=version)
-        await self._write(operator_id, f"writing results of {operator_id}",
-                          lambda stub: stub.WriteResults(request, timeout=rpc.DATA_TIMEOUT_S))
+        what = f"writing results of {operator_id}"
+        size = request.ByteSize()
+        await self._write(operator_id, what, lambda node, address: self._result_writes.call(
+            address, request, size, f"{what} on {node}"))
+
+    async def _write_results_many(
+        self, address: str, batch: list[Waiting[stateserver_pb2.WriteResultsRequest, None]]
+    ) -> list[Exception | None]:
+        """One WriteResultsMany call; an outcome per write."""
+        stub = self._stub(address)
+
+        async def reply() -> Sequence[stateserver_pb2.WriteResultsOutcome]:
+            response: stateserver_pb2.WriteResultsManyResponse = await stub.WriteResultsMany(
+                stateserver_pb2.WriteResultsManyRequest(writes=[w.request for w in batch]),
+                timeout=rpc.DATA_TIMEOUT_S)
+            return response.outcomes
+
+        return await many_outcomes(batch, reply(), lambda outcome: None)
 
     # -- reads -----------------------------------------------------------------
 

@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from gridstream.errors import InvalidArgument, ResourceExhausted
+from gridstream.errors import GridstreamError, InvalidArgument, ResourceExhausted, status_number
 from gridstream.faults import write_delay_s
+from gridstream.replicas import MAX_RESULT_WRITES_PER_CALL
 from gridstream.rpc import servicer_method
 from gridstream.v1 import stateserver_pb2 as pb
 from gridstream.v1 import stateserver_pb2_grpc
@@ -159,6 +160,38 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
     ) -> pb.WriteResultsResponse:
         """Upserts result rows and dead letters; durable when the response is sent."""
         await _injected_delay()
+        await self._write_results(request)
+        return pb.WriteResultsResponse()
+
+    @servicer_method
+    async def WriteResultsMany(
+        self, request: pb.WriteResultsManyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.WriteResultsManyResponse:
+        """Several operators' result writes from one worker: each checked,
+        applied and answered on its own, all at once, so they share the group
+        commit. A failure that is not a refusal (the disk, say) fails the
+        call, after every write has finished: the writer retries them all,
+        and writes are idempotent."""
+        if len(request.writes) > MAX_RESULT_WRITES_PER_CALL:
+            raise InvalidArgument(
+                f"{len(request.writes)} result writes in one call; at most "
+                f"{MAX_RESULT_WRITES_PER_CALL} (nothing was stored)")
+        await _injected_delay()
+        done = await asyncio.gather(*(self._write_results(write) for write in request.writes),
+                                    return_exceptions=True)
+        outcomes = []
+        for outcome in done:
+            if isinstance(outcome, GridstreamError):
+                outcomes.append(pb.WriteResultsOutcome(code=status_number(outcome),
+                                                       details=str(outcome)))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                outcomes.append(pb.WriteResultsOutcome())
+        return pb.WriteResultsManyResponse(outcomes=outcomes)
+
+    async def _write_results(self, request: pb.WriteResultsRequest) -> None:
+        """Checks and stores one operator's rows and dead letters."""
         _require(request.job_id, "job_id")
         _require(request.operator_id, "operator_id")
         _require_int(request.epoch, "epoch")
@@ -170,7 +203,6 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
         await self._store.write_results(
             request.job_id, rows, dead_letters, operator_id=request.operator_id,
             epoch=request.epoch, version=request.version)
-        return pb.WriteResultsResponse()
 
     # The two streaming calls write with context.write instead of being async
     # generators, because servicer_method wraps coroutines only.

@@ -9,7 +9,7 @@ moment: as calls of their own, that was a gRPC call per container and holder
 CPU however small it was.
 
 Here the replications waiting for one holder go out together as one
-``ReplicateMany`` call (:class:`services.worker.peercalls.CoalescedCalls`).
+``ReplicateMany`` call (:class:`gridstream.peercalls.CoalescedCalls`).
 The first replication for an idle holder waits one step of the event loop
 before it goes, so the replications that the same step started (one Push
 appending to several containers) go with it: at 100,000 words/s paced, 300
@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gridstream import rpc
+from gridstream.peercalls import CoalescedCalls, Waiting, many_outcomes
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
-from services.worker.peercalls import CoalescedCalls, Waiting, many_outcomes
 
 REPLICATE_TIMEOUT_S = 5.0
 """Deadline of one call; a holder that takes longer is retried."""

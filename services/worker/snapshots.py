@@ -24,6 +24,7 @@ import contextlib
 import functools
 import gc
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -254,10 +255,12 @@ class Persister:
     merged on the older parent), so a slow state server costs memory bounded
     by the operator's state, not by the stream. A snapshot being written is
     retried as it is, never re-cut, so the state servers' chain of windows
-    stays whole. Rows handed over without a window wait up to
-    ``rows_linger_s`` after the previous row write (see
-    ``worker.results_linger_s``). Failed writes are retried with backoff;
-    nothing pending is dropped; a write failing for long is logged at ERROR
+    stays whole. Rows handed over without a window wait until the first
+    multiple of ``rows_linger_s`` on the process's clock after the previous
+    row write (see ``worker.results_linger_s``): at most one write per
+    linger, at the same moments for every operator of the worker, so their
+    writes share calls. Failed writes are retried with backoff; nothing
+    pending is dropped; a write failing for long is logged at ERROR
     and shown in :attr:`failing_since` and :attr:`last_error`.
     """
 
@@ -346,9 +349,14 @@ class Persister:
     async def _linger(self) -> None:
         """Waits until rows may be written again (see :attr:`rows_linger_s`),
         or until a window is queued, which goes at once with the rows."""
-        if self._snapshot is not None:
+        if self._snapshot is not None or self.rows_linger_s <= 0:
             return
-        remaining = self._rows_written_at + self.rows_linger_s - time.monotonic()
+        # The next boundary of the process's clock in steps of the linger:
+        # every operator of the worker lingers to the same boundaries, so
+        # their writes to a state server leave together and share a call.
+        period = self.rows_linger_s
+        boundary = (math.floor(self._rows_written_at / period) + 1) * period
+        remaining = boundary - time.monotonic()
         if remaining > 0:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(remaining):

@@ -37,11 +37,11 @@ import numpy as np
 
 from gridstream import rpc
 from gridstream.errors import GridstreamError, StaleEpoch
+from gridstream.peercalls import CoalescedCalls, Waiting, many_outcomes
 from gridstream.retry import Backoff
 from gridstream.routing import RoutingView
 from gridstream.tracking import TrackingTable
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
-from services.worker.peercalls import CoalescedCalls, Waiting, many_outcomes
 from services.worker.tracker_layout import U64, TrackerLayout, pack, unpack
 
 log = logging.getLogger(__name__)
@@ -509,7 +509,7 @@ class TrackingReporter:
         self.host = host
         self.calls: CoalescedCalls[worker_pb2.TrackRequest, int] = CoalescedCalls(
             self._send_many, MAX_REPORTS_PER_CALL, MAX_REPORT_BYTES_PER_CALL, REPORT_LINGER_S)
-        """Reports for one host go together (see :mod:`services.worker.peercalls`)."""
+        """Reports for one host go together (see :mod:`gridstream.peercalls`)."""
 
     async def report(self, job_id: str, partition: int, reporter: str, sequence: int,
                      roots: list[int], values: list[int]) -> None:

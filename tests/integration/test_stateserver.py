@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gridstream.auth import create_cluster_secret
 from gridstream.ids import checksum
-from gridstream.replicas import state_messages
+from gridstream.replicas import MAX_RESULT_WRITES_PER_CALL, state_messages
 from gridstream.rpc import hold_member_secret, open_channel
 from gridstream.v1 import stateserver_pb2 as pb
 from gridstream.v1 import stateserver_pb2_grpc
@@ -360,6 +360,35 @@ async def test_results_from_state_refuse_internal_and_oversized_names(
             pass
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
     assert message in (info.value.details() or ""), info.value.details()
+
+
+async def test_result_writes_in_one_call_are_answered_each_on_its_own(
+        state_client: StateClient) -> None:
+    """A worker's sink tasks' writes share a WriteResultsMany call: a refused
+    one (malformed rows) is answered with the error a call of its own would
+    get, and the others of the call are stored; more writes than allowed
+    are refused whole."""
+
+    def write(job: str, rows: list[list[Any]]) -> pb.WriteResultsRequest:
+        return pb.WriteResultsRequest(job_id=job, operator_id=f"{job}/t1/p0",
+                                      rows=msgpack.packb(rows), row_count=len(rows), epoch=1,
+                                      version=1)
+
+    response = await state_client.stub.WriteResultsMany(pb.WriteResultsManyRequest(writes=[
+        write("many-a", [["a", "1"]]), write("many-b", [["b", 2]]),
+        write("many-c", [["c", "3"], ["cc", "4"]])]), timeout=CALL_TIMEOUT_S)
+    codes = [outcome.code for outcome in response.outcomes]
+    assert codes == [0, grpc.StatusCode.INVALID_ARGUMENT.value[0], 0], response
+    assert "rows[0] must be [key: str, json_value: str]" in response.outcomes[1].details
+    assert await state_client.read("many-a") == [[["a", "1"]]]
+    assert await state_client.read("many-b") == []
+    assert await state_client.read("many-c") == [[["c", "3"], ["cc", "4"]]]
+
+    too_many = [write("many-d", [[f"k{i}", "1"]]) for i in range(MAX_RESULT_WRITES_PER_CALL + 1)]
+    await expect_error(state_client.stub.WriteResultsMany(
+        pb.WriteResultsManyRequest(writes=too_many), timeout=CALL_TIMEOUT_S),
+        grpc.StatusCode.INVALID_ARGUMENT, f"at most {MAX_RESULT_WRITES_PER_CALL}")
+    assert await state_client.read("many-d") == []
 
 
 async def test_fenced_writer_and_older_versions_change_nothing(state_client: StateClient) -> None:

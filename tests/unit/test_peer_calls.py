@@ -1,4 +1,4 @@
-"""The coalescing of calls to peers (services/worker/peercalls.py): one call
+"""The coalescing of calls to peers (gridstream/peercalls.py): one call
 per peer at a time, and every request settled whatever the peer answers."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass
 
 from gridstream.errors import Unavailable
-from services.worker.peercalls import CoalescedCalls, Waiting, many_outcomes
+from gridstream.peercalls import CoalescedCalls, Waiting, many_outcomes
 
 
 @dataclass

@@ -1,11 +1,15 @@
 """The persister's write schedule: rows handed over between windows are
-written together, at most every ``rows_linger_s``, and a window never waits
-for the linger (its rows go with it, first)."""
+written together, at most once per ``rows_linger_s`` and at multiples of it
+on the process's clock (so the operators of a worker write at the same
+moments and share calls), and a window never waits for the linger (its rows
+go with it, first)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,9 +26,11 @@ class Recorded:
     def __init__(self) -> None:
         self.writes: list[tuple[str, Any]] = []
         self.durable: list[int] = []
+        self.row_times: list[float] = []
 
     async def rows(self, rows: dict[Any, Any], dead: DeadLetters) -> None:
         self.writes.append(("rows", dict(rows)))
+        self.row_times.append(time.monotonic())
 
     async def snapshot(self, snapshot: PendingSnapshot, chunks: list[tuple[bytes, int]]) -> None:
         self.writes.append(("window", snapshot.window))
@@ -52,7 +58,15 @@ async def idle(persister: Persister) -> None:
         await persister.wait_idle()
 
 
-@pytest.mark.parametrize("linger_s, expected_writes", [(2.0, 2), (0.0, 4)])
+async def just_after_a_boundary(period_s: float) -> None:
+    """Waits until just after a multiple of ``period_s`` on the monotonic
+    clock, where the lingers end, so a test's writes cannot straddle one."""
+    if period_s > 0:
+        now = time.monotonic()
+        await asyncio.sleep((math.floor(now / period_s) + 1) * period_s - now + 0.01)
+
+
+@pytest.mark.parametrize("linger_s, expected_writes", [(0.5, 2), (0.0, 4)])
 async def test_rows_between_windows_are_written_together(linger_s: float,
                                                          expected_writes: int) -> None:
     # Rows arrive after every batch; the first write goes at once, the rows
@@ -86,3 +100,27 @@ async def test_a_window_goes_at_once_with_the_rows_before_it() -> None:
         await idle(persister)
     assert recorded.writes == [("rows", {"a": 1}), ("rows", {"a": 2}), ("window", 1)]
     assert recorded.durable == [10]
+
+
+async def test_operators_lingering_at_different_moments_write_at_the_same_boundary() -> None:
+    # Two operators of one worker write their first rows 0.15 s apart, and
+    # get more rows soon after: both lingers end at the next multiple of
+    # the linger, together, so their writes can share a call.
+    linger_s = 0.5
+    await just_after_a_boundary(linger_s)
+    async with running(linger_s) as (first, first_writes), \
+            running(linger_s) as (second, second_writes):
+        first.submit({"a": 1}, [])
+        await idle(first)
+        await asyncio.sleep(0.15)
+        second.submit({"b": 1}, [])
+        await idle(second)
+        await asyncio.sleep(0.05)
+        first.submit({"a": 2}, [])
+        second.submit({"b": 2}, [])
+        await idle(first)
+        await idle(second)
+    assert len(first_writes.row_times) == len(second_writes.row_times) == 2
+    assert second_writes.row_times[0] - first_writes.row_times[0] >= 0.15
+    assert abs(second_writes.row_times[1] - first_writes.row_times[1]) < 0.05, (
+        first_writes.row_times, second_writes.row_times)
