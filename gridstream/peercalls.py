@@ -20,6 +20,7 @@ raises for that caller alone the error a call of its own would have raised.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
@@ -156,6 +157,20 @@ async def many_outcomes(batch: list[Waiting[RequestT, ResultT]],
         return [from_rpc_error(exc, waiting.what) for waiting in batch]
     return [from_status(outcome.code, outcome.details, waiting.what) if outcome.code
             else result(outcome) for waiting, outcome in zip(batch, outcomes, strict=False)]
+
+
+BOUNDARY_SLACK = 0.05
+"""The fraction of a period before a boundary that counts as the boundary."""
+
+
+def next_boundary(period_s: float, after: float) -> float:
+    """The first multiple of ``period_s`` on the monotonic clock after
+    ``after``. A process's tasks that wait for these moments (row writes,
+    window closes) act together, so their calls to one peer coalesce. A
+    moment up to :data:`BOUNDARY_SLACK` of a period before a multiple counts
+    as that multiple: the event loop's timers fire up to a millisecond
+    early, and a write made then must not be followed by another at once."""
+    return (math.floor(after / period_s + BOUNDARY_SLACK) + 1) * period_s
 
 
 def _settle(waiting: Waiting[RequestT, ResultT], outcome: ResultT | Exception) -> None:

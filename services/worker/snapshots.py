@@ -24,7 +24,6 @@ import contextlib
 import functools
 import gc
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ import msgpack
 
 from gridstream import codec
 from gridstream.errors import GridstreamError, StaleEpoch
+from gridstream.peercalls import next_boundary
 from gridstream.retry import Backoff
 from services.worker.operators import DELETED, StateDelta
 from services.worker.queues import OwnerFenced
@@ -354,9 +354,7 @@ class Persister:
         # The next boundary of the process's clock in steps of the linger:
         # every operator of the worker lingers to the same boundaries, so
         # their writes to a state server leave together and share a call.
-        period = self.rows_linger_s
-        boundary = (math.floor(self._rows_written_at / period) + 1) * period
-        remaining = boundary - time.monotonic()
+        remaining = next_boundary(self.rows_linger_s, self._rows_written_at) - time.monotonic()
         if remaining > 0:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(remaining):

@@ -40,6 +40,7 @@ from gridstream.ids import (
 )
 from gridstream.jobspec import JobSpec, Stage
 from gridstream.metrics import Histogram
+from gridstream.peercalls import next_boundary
 from gridstream.retry import Backoff
 from gridstream.taskplan import results_from_state, sink_row_prefix
 from gridstream.v1 import common_pb2
@@ -487,7 +488,10 @@ class TaskRunner:
         for a durable window, so their trees can complete without more input."""
         assert self.tracking is not None
         while True:
-            await asyncio.sleep(self.tracking_flush_s / 2)
+            # Every task of the worker checks at the same moments, so windows
+            # closed by the timer are written together and share calls.
+            step = self.tracking_flush_s / 2
+            await asyncio.sleep(next_boundary(step, time.monotonic()) - time.monotonic())
             if (self.tracking.unreported and self.window.batches
                     and time.monotonic() - self._last_close >= self.tracking_flush_s):
                 self._close_requested = True

@@ -1,13 +1,16 @@
 """The coalescing of calls to peers (gridstream/peercalls.py): one call
-per peer at a time, and every request settled whatever the peer answers."""
+per peer at a time, every request settled whatever the peer answers, and
+the clock boundaries at which a process's tasks act together."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
 
+import pytest
+
 from gridstream.errors import Unavailable
-from gridstream.peercalls import CoalescedCalls, Waiting, many_outcomes
+from gridstream.peercalls import CoalescedCalls, Waiting, many_outcomes, next_boundary
 
 
 @dataclass
@@ -59,3 +62,12 @@ async def test_each_request_gets_its_own_outcome() -> None:
     assert outcomes[0] == 0 and outcomes[2] == 20
     for refused in (outcomes[1], outcomes[3]):
         assert isinstance(refused, Exception) and "odd" in str(refused)
+
+
+def test_a_moment_just_before_a_boundary_counts_as_the_boundary() -> None:
+    # A timer for the boundary at 3.0 s that fired 0.8 ms early: the next
+    # boundary is the one after, not the one the timer was set for.
+    assert next_boundary(0.1, 2.9992) == pytest.approx(3.1)
+    assert next_boundary(0.1, 3.0004) == pytest.approx(3.1)
+    assert next_boundary(0.1, 2.9) == pytest.approx(3.0)
+    assert next_boundary(0.1, 2.94) == pytest.approx(3.0)
