@@ -71,8 +71,12 @@ class Recorder:
         if now is None:
             now = time.time()
         steps = 1.0 / RESOLUTION_S
-        keys = [int(s) * SPAN + min(SPAN - 1, max(0, int((now - s) * steps)))
-                for s in stamps if s > 0]
+        # Grouped by stamp first (a line's words share its stamp), so the
+        # arithmetic runs once per line rather than once per word.
+        keys: Counter[int] = Counter()
+        for s, n in Counter(stamps).items():
+            if s > 0:
+                keys[int(s) * SPAN + min(SPAN - 1, max(0, int((now - s) * steps)))] += n
         with self._lock:
             self._counts.update(keys)
             if self._thread is None:
