@@ -6,8 +6,8 @@ hosts, state servers) about their own containers and operators. As calls of
 their own, that was a gRPC call per task and peer, each costing the two
 processes about 0.4 to 0.9 ms of CPU however small it was (most of it in
 gRPC's C core and the asyncio glue, not in our handlers). Here the requests
-waiting for one peer go out together as one call of a "many" RPC (``ReplicateMany``, ``TrackMany``,
-``WriteResultsMany``).
+waiting for one peer go out together as one call of a "many" RPC
+(``ReplicateMany``, ``TrackMany``, ``WriteResultsMany``).
 
 At most one call per peer is in flight; whatever arrives meanwhile waits for
 it and goes in the next one (as a group commit does). The first request for
