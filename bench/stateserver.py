@@ -49,8 +49,7 @@ from gridstream.examples import wordcount
 from gridstream.ids import operator_id
 from gridstream.local import LocalCluster
 from gridstream.replicas import ReplicaClient
-from gridstream.routing import RoutingView
-from gridstream.v1 import scheduler_pb2_grpc, stateserver_pb2, stateserver_pb2_grpc
+from gridstream.v1 import stateserver_pb2, stateserver_pb2_grpc
 
 PARTITIONS = 16
 
@@ -105,17 +104,8 @@ async def cluster_with_job(run_dir: Path, replicas: int
                            supervise=True, restart_delay_s=0.2)
     async with cluster, Client(cluster.scheduler_address) as client:
         job_id = await client.submit(wordcount.job())  # gets no input: the bench writes
-        pool = rpc.ChannelPool()
-        routing = RoutingView(
-            scheduler_pb2_grpc.SchedulerStub(pool.get(cluster.scheduler_address)),
-            cluster.config.cluster.virtual_nodes)
-        await routing.refresh()
-        writer = ReplicaClient(routing, pool)
-        try:
+        async with cluster.state_client() as writer:
             yield cluster, writer, job_id
-        finally:
-            await writer.close()
-            await pool.close()
 
 
 async def write_load(writer: ReplicaClient, job_id: str, seconds: float, writers: int,

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -31,7 +32,10 @@ from gridstream import rpc
 from gridstream.auth import create_cluster_secret, load_cluster_secret, write_private
 from gridstream.config import Config, SecurityConfig
 from gridstream.configtoml import to_toml
+from gridstream.replicas import ReplicaClient
+from gridstream.routing import RoutingView
 from gridstream.service import PARENT_PID_ENV, RETIRED_EXIT_CODE
+from gridstream.v1 import scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
 
@@ -407,6 +411,22 @@ class LocalCluster:
         """The web console's address ('' before start, or when it is off)."""
         scheduler = self.members.get("scheduler")
         return scheduler.console_url if scheduler is not None else ""
+
+    @contextlib.asynccontextmanager
+    async def state_client(self) -> AsyncIterator[ReplicaClient]:
+        """The writer and reader of operators' state the workers use, on this
+        cluster's state servers: for tests and benches that write or read
+        state directly. Its channels are closed on exit."""
+        pool = rpc.ChannelPool()
+        routing = RoutingView(scheduler_pb2_grpc.SchedulerStub(pool.get(self.scheduler_address)),
+                              self.config.cluster.virtual_nodes)
+        await routing.refresh()
+        client = ReplicaClient(routing, pool)
+        try:
+            yield client
+        finally:
+            await client.close()
+            await pool.close()
 
     async def __aenter__(self) -> LocalCluster:
         try:

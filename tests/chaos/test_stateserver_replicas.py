@@ -11,7 +11,6 @@ import contextlib
 import signal
 import sqlite3
 import time
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,10 +25,8 @@ from gridstream.errors import Unavailable
 from gridstream.examples import wordcount
 from gridstream.ids import checksum, operator_id
 from gridstream.local import LocalCluster
-from gridstream.replicas import ReplicaClient
-from gridstream.routing import RoutingView
 from gridstream.service import RETIRED_EXIT_CODE
-from gridstream.v1 import scheduler_pb2_grpc, stateserver_pb2, stateserver_pb2_grpc
+from gridstream.v1 import stateserver_pb2, stateserver_pb2_grpc
 from services.stateserver.chains import MAX_DELTAS
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.slow]
@@ -49,22 +46,6 @@ def replicated(state_servers_cleanup_s: float = 30.0) -> Config:
         stateserver=StateServerConfig(sync_interval_s=0.5,
                                       cleanup_interval_s=state_servers_cleanup_s),
     )
-
-
-@contextlib.asynccontextmanager
-async def replica_client(cluster: LocalCluster) -> AsyncIterator[ReplicaClient]:
-    """The reader/writer workers use, from the test process."""
-    pool = rpc.ChannelPool()
-    routing = RoutingView(
-        scheduler_pb2_grpc.SchedulerStub(pool.get(cluster.scheduler_address)),
-        cluster.config.cluster.virtual_nodes)
-    await routing.refresh()
-    client = ReplicaClient(routing, pool)
-    try:
-        yield client
-    finally:
-        await client.close()
-        await pool.close()
 
 
 async def digest(cluster: LocalCluster, name: str,
@@ -117,7 +98,7 @@ async def test_killed_replica_loses_no_acknowledged_snapshot_and_catches_up(
     cluster = LocalCluster(tmp_path, replicated(), workers=3, state_servers=3,
                            supervise=True, restart_delay_s=0.5)
     async with cluster, Client(cluster.scheduler_address) as client, \
-            replica_client(cluster) as replicas:
+            cluster.state_client() as replicas:
         job_id = await client.submit(wordcount.job())
         # A job that gets no input: its operators are written by the test alone.
         probe_job = await client.submit(wordcount.job())
@@ -176,7 +157,7 @@ async def test_add_and_retire_replicas_during_a_job(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path, replicated(), workers=3, state_servers=2,
                            supervise=True, restart_delay_s=0.5)
     async with cluster, Client(cluster.scheduler_address) as client, \
-            replica_client(cluster) as replicas:
+            cluster.state_client() as replicas:
         job_id = await client.submit(wordcount.job())
         probe_job = await client.submit(wordcount.job())
         probe_ops = operators(probe_job)
@@ -257,7 +238,7 @@ async def test_cleanup_and_refusals(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path, config, workers=2, state_servers=3,
                            supervise=True, restart_delay_s=0.5)
     async with cluster, Client(cluster.scheduler_address) as client, \
-            replica_client(cluster) as replicas:
+            cluster.state_client() as replicas:
         job_id = await client.submit(wordcount.job())
         await client.send(job_id, lines)
         await client.drain(job_id, timeout_s=120)

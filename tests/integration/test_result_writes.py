@@ -5,22 +5,16 @@ write keeps its own outcome: stored, or refused with its own error."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from gridstream import rpc
 from gridstream.client import Client
 from gridstream.config import Config
 from gridstream.errors import InvalidArgument
 from gridstream.examples import wordcount
 from gridstream.ids import operator_id
 from gridstream.local import LocalCluster
-from gridstream.replicas import ReplicaClient
-from gridstream.routing import RoutingView
-from gridstream.v1 import scheduler_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -32,26 +26,10 @@ PROBE_EPOCH = 1 << 30
 claims its operator never fences the test's writes out."""
 
 
-@contextlib.asynccontextmanager
-async def replica_client(cluster: LocalCluster) -> AsyncIterator[ReplicaClient]:
-    """The writer workers use, from the test process."""
-    pool = rpc.ChannelPool()
-    routing = RoutingView(
-        scheduler_pb2_grpc.SchedulerStub(pool.get(cluster.scheduler_address)),
-        cluster.config.cluster.virtual_nodes)
-    await routing.refresh()
-    client = ReplicaClient(routing, pool)
-    try:
-        yield client
-    finally:
-        await client.close()
-        await pool.close()
-
-
 async def test_concurrent_result_writes_share_calls_and_keep_their_own_outcomes(
         tmp_path: Path) -> None:
     async with LocalCluster(tmp_path, Config(), workers=1, state_servers=2) as cluster, \
-            Client(cluster.scheduler_address) as client, replica_client(cluster) as replicas:
+            Client(cluster.scheduler_address) as client, cluster.state_client() as replicas:
         job_id = await client.submit(wordcount.job())
         writes = [replicas.write_results(job_id, operator_id(job_id, 1, p),
                                          [[f"key-{p}", str(p)]], [], epoch=PROBE_EPOCH,
