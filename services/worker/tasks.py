@@ -85,6 +85,15 @@ def _row_key(key: Any) -> str:
     return key if isinstance(key, str) else key_text(key)
 
 
+def window_is_due(since_close_s: float, flush_s: float) -> bool:
+    """Whether the flush timer, checking every half ``flush_s`` at shared
+    clock boundaries, closes the window now. A window closed just after the
+    check two steps back (by that check, a little later than it) counts as
+    old enough: compared with ``flush_s`` itself, it would wait for a third
+    check, and the timer would close one every 1.5 ``flush_s``."""
+    return since_close_s >= flush_s * 0.75
+
+
 class TaskRunner:
     """Runs one task of one partition until cancelled."""
 
@@ -493,7 +502,8 @@ class TaskRunner:
             step = self.tracking_flush_s / 2
             await asyncio.sleep(next_boundary(step, time.monotonic()) - time.monotonic())
             if (self.tracking.unreported and self.window.batches
-                    and time.monotonic() - self._last_close >= self.tracking_flush_s):
+                    and window_is_due(time.monotonic() - self._last_close,
+                                      self.tracking_flush_s)):
                 self._close_requested = True
                 await self.container.poke()
             self.request_rebuild(self.tracking.overdue(time.monotonic(), self.tracking_timeout_s()))
