@@ -86,11 +86,9 @@ def _row_key(key: Any) -> str:
 
 
 def window_is_due(since_close_s: float, flush_s: float) -> bool:
-    """Whether the flush timer, checking every half ``flush_s`` at shared
-    clock boundaries, closes the window now. A window closed just after the
-    check two steps back (by that check, a little later than it) counts as
-    old enough: compared with ``flush_s`` itself, it would wait for a third
-    check, and the timer would close one every 1.5 ``flush_s``."""
+    """Whether the flush timer (a check every half ``flush_s``) closes the
+    window now: one closed just after the check two steps back is due, else
+    the timer would close one every 1.5 ``flush_s``."""
     return since_close_s >= flush_s * 0.75
 
 
@@ -497,8 +495,7 @@ class TaskRunner:
         for a durable window, so their trees can complete without more input."""
         assert self.tracking is not None
         while True:
-            # Every task of the worker checks at the same moments, so windows
-            # closed by the timer are written together and share calls.
+            # All the worker's tasks check at the same moments: their windows share calls.
             step = self.tracking_flush_s / 2
             await asyncio.sleep(next_boundary(step, time.monotonic()) - time.monotonic())
             if (self.tracking.unreported and self.window.batches
