@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from gridstream.peercalls import next_boundary
 from services.worker.snapshots import PendingSnapshot, Persister
 
 DeadLetters = list[tuple[str, str, str, str]]
@@ -63,7 +63,7 @@ async def just_after_a_boundary(period_s: float) -> None:
     clock, where the lingers end, so a test's writes cannot straddle one."""
     if period_s > 0:
         now = time.monotonic()
-        await asyncio.sleep((math.floor(now / period_s) + 1) * period_s - now + 0.01)
+        await asyncio.sleep(next_boundary(period_s, now) - now + 0.01)
 
 
 @pytest.mark.parametrize("linger_s, expected_writes", [(0.5, 2), (0.0, 4)])
