@@ -46,7 +46,12 @@ CREATE TABLE IF NOT EXISTS results (
     version     INTEGER NOT NULL,
     PRIMARY KEY (job_id, key)
 );
-CREATE INDEX IF NOT EXISTS results_by_operator ON results (job_id, operator_id, version);
+-- No index by operator: it would move on every row write (each write raises
+-- the row's version), which doubled the cost of a row (10 against 5.5 us in
+-- 230-row upserts); only a replica catching up reads rows by operator, and it
+-- reads them in one pass in key order. Files of layout 3 that still have the
+-- index lose it here (nothing else changed, so the layout number stays).
+DROP INDEX IF EXISTS results_by_operator;
 CREATE TABLE IF NOT EXISTS dead_letters (
     job_id      TEXT    NOT NULL,
     id          TEXT    NOT NULL,
