@@ -47,4 +47,18 @@ async def test_concurrent_result_writes_share_calls_and_keep_their_own_outcomes(
         rows = await replicas.read_results(job_id)
         assert {key: rows[key] for key in rows if key.startswith("key-")} == {
             f"key-{p}": (str(p), 1) for p in range(WRITERS)}
+
+        # Writers that reach the call a few event-loop steps apart (as a
+        # worker's sink tasks do after their shared boundary) still share
+        # one call per state server: the first waits RESULT_WRITE_LINGER_S.
+        async def write_after(steps: int) -> None:
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            await replicas.write_results(job_id, operator_id(job_id, 1, steps),
+                                         [[f"late-{steps}", str(steps)]], [],
+                                         epoch=PROBE_EPOCH, version=2)
+
+        before = replicas.result_write_calls
+        await asyncio.wait_for(asyncio.gather(*(write_after(p) for p in range(WRITERS))), 30)
+        assert replicas.result_write_calls - before == 2, replicas.result_write_calls - before
         await client.cancel(job_id)
