@@ -62,7 +62,10 @@ paced (bench/latency.py's job, 10 s): 320-349 calls per worker with one
 step, 216-242 with 5 ms; in three runs of each, the cluster's CPU went from
 13.34-14.00 CPU-seconds (median 13.91) to 12.50-12.81 (12.69), each state
 server's from 2.19-2.38 to 2.02-2.12. Rows already wait up to a linger for
-their boundary; a window's write waits these 5 ms more."""
+their boundary; a window's write waits these 5 ms more (900,000-word jobs,
+ten of each mode on one cluster, medians: exactly_once drained in 0.182 and
+0.171 s with the wait, 0.171 and 0.171 s without; at_most_once, which
+writes its rows, in 0.121 and 0.117 s against 0.114 and 0.101 s)."""
 
 
 class ReplicaClient:
