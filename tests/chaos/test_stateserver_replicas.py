@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import signal
 import sqlite3
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -20,6 +23,7 @@ import pytest
 from gridstream import rpc
 from gridstream.chaos import stream, wait_healthy
 from gridstream.client import Client
+from gridstream.codec import unpack
 from gridstream.config import ClusterConfig, Config, StateServerConfig
 from gridstream.errors import Unavailable
 from gridstream.examples import wordcount
@@ -87,6 +91,18 @@ async def quietly(check: object) -> bool:
         return False
 
 
+async def operator_rows(cluster: LocalCluster, name: str, job_id: str,
+                        op: str) -> list[list[Any]]:
+    """One replica's result rows of one operator ([key, value, version]), as
+    a catching-up peer reads them."""
+    rows: list[list[Any]] = []
+    async with rpc.open_channel(cluster.members[name].address) as channel:
+        async for chunk in stateserver_pb2_grpc.StateServerStub(channel).ReadOperator(
+                stateserver_pb2.ReadOperatorRequest(job_id=job_id, operator_id=op), timeout=5):
+            rows.extend(unpack(chunk.rows) if chunk.row_count else [])
+    return rows
+
+
 def operators(job_id: str, tasks: int = 2) -> list[str]:
     return [operator_id(job_id, t, p) for t in range(tasks) for p in range(PARTITIONS)]
 
@@ -105,20 +121,30 @@ async def test_killed_replica_loses_no_acknowledged_snapshot_and_catches_up(
         probe_ops = operators(probe_job)
         acked: dict[str, int] = {}
 
-        async def write_windows(first: int, last: int) -> None:
-            """Writes like a worker's persister: a write that did not reach its
+        async def until_written(write: Callable[[], Awaitable[None]]) -> None:
+            """As a worker's persister writes: a write that did not reach its
             quorum (a replica just died) is retried; only a returned one counts."""
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    return await write()
+                except Unavailable:
+                    assert time.monotonic() < deadline, "writes stalled for 30 s"
+                    await asyncio.sleep(0.05)
+
+        async def write_windows(first: int, last: int) -> None:
+            """Each probe operator's window, then its result row (the operator's
+            own key, the window as value and version), every row of a job in
+            one table: a catching-up replica picks out each operator's."""
             for window in range(first, last):
                 for op in probe_ops:
                     payload = f"{op}@{window}".encode()
-                    deadline = time.monotonic() + 30
-                    while True:
-                        try:
-                            await replicas.put_snapshot(probe_job, op, window, PROBE_EPOCH, payload)
-                            break
-                        except Unavailable:
-                            assert time.monotonic() < deadline, "writes stalled for 30 s"
-                            await asyncio.sleep(0.05)
+                    await until_written(functools.partial(
+                        replicas.put_snapshot, probe_job, op, window, PROBE_EPOCH, payload))
+                await asyncio.gather(*(until_written(functools.partial(
+                    replicas.write_results, probe_job, op, [[op, str(window)]], [],
+                    epoch=PROBE_EPOCH, version=window)) for op in probe_ops))
+                for op in probe_ops:
                     acked[op] = window
 
         sender = asyncio.create_task(stream(client, job_id, None, lines, 6.0, chunk=2_000))
@@ -145,7 +171,13 @@ async def test_killed_replica_loses_no_acknowledged_snapshot_and_catches_up(
 
         async def caught_up() -> bool:
             held = await digest(cluster, "state-2", probe_job)
-            return all(op in held and held[op].latest_window == acked[op] for op in mine)
+            if not all(op in held and held[op].latest_window == acked[op] for op in mine):
+                return False
+            for op in mine:
+                if await operator_rows(cluster, "state-2", probe_job, op) != [
+                        [op, str(acked[op]), acked[op]]]:
+                    return False
+            return True
 
         await wait_until(lambda: quietly(caught_up), 30, "state-2 caught up with what it missed")
         await client.drain(job_id, timeout_s=120)
