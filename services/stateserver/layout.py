@@ -50,8 +50,8 @@ CREATE TABLE IF NOT EXISTS results (
 -- the row's version), which doubled the cost of a row (10 against 5.5 us in
 -- 230-row upserts); only a replica catching up reads rows by operator: one
 -- pass over the job's rows in key order per operator (docs/stateservers.md).
--- Files of layout 3 that still have the
--- index lose it here (nothing else changed, so the layout number stays).
+-- Files of layout 3 that still have the index lose it here (nothing else
+-- changed, so the layout number stays).
 DROP INDEX IF EXISTS results_by_operator;
 CREATE TABLE IF NOT EXISTS dead_letters (
     job_id      TEXT    NOT NULL,
