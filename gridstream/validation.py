@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
 
 from gridstream.errors import InvalidArgument
 
@@ -196,7 +199,18 @@ def check_request(message: Any, where: str = "") -> None:
     hex. The RPC layer calls it for every request of every gridstream
     service, members' included, so no servicer can forget a field; servicers
     still check what only they know (a task or partition a job has).
-    Raises :class:`InvalidArgument` naming the field."""
+    Raises :class:`InvalidArgument` naming the field.
+
+    Every call of the cluster passes through here, so the common case (a
+    valid request) walks a plan compiled once per message type
+    (:func:`_plan_of`) that visits only the fields that can be wrong and
+    builds no field names; a request it finds wrong is walked again field by
+    field (:func:`_check_named`), which names what to fix."""
+    if not _passes(message, _plan_of(message.DESCRIPTOR)):
+        _check_named(message, where)
+
+
+def _check_named(message: Any, where: str) -> None:
     for field, value in message.ListFields():
         name = f"{where}{field.name}"
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
@@ -225,7 +239,7 @@ def _check_map(field: Any, value: Any, name: str) -> None:
 
 def _check_value(field: Any, value: Any, name: str) -> None:
     if field.message_type is not None:
-        check_request(value, f"{name}.")
+        _check_named(value, f"{name}.")
     elif isinstance(value, bool):
         return
     elif isinstance(value, int):
@@ -251,3 +265,186 @@ def _check_text(field_name: str, value: str, name: str) -> None:
                                        or not _HEX.match(value)):
         raise InvalidArgument(f"{name} {short(value)} is not a checksum (at most "
                               f"{MAX_CHECKSUM_CHARS} lowercase hex digits; nothing was done)")
+
+
+# -- the compiled plan of a message type (the fast path of check_request) ---------
+
+_MESSAGE, _MAP, _INTEGER, _FLOAT, _TEXT = range(5)
+_UNBOUNDED_INTEGERS = frozenset({FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_FIXED64})
+"""Integer types that can exceed :data:`MAX_WIRE_INTEGER` (signed and 32-bit
+ones cannot: protobuf bounds them)."""
+_FLOATS = frozenset({FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT})
+
+
+@dataclass(frozen=True)
+class _FieldCheck:
+    """One field of a message type that a request could get wrong."""
+
+    name: str
+    kind: int
+    repeated: bool
+    plan: list[_FieldCheck] | None = None
+    """The sub-message's plan (a map's value message's, for maps)."""
+    value_kind: int = _MESSAGE
+    """A map's value: a message (``plan``) or a scalar of this kind."""
+    text: Callable[[str], object] | None = None
+    """The check of a text field or a map key; raises InvalidArgument."""
+
+
+_PLANS: dict[str, list[_FieldCheck]] = {}
+_BUILDING: set[str] = set()
+"""Message types whose plan is being compiled (a type may contain itself)."""
+
+
+def _plan_of(descriptor: Any) -> list[_FieldCheck]:
+    """The fields of a message type worth visiting, compiled on first use: a
+    field that can never be refused (bytes, bools, enums, signed or 32-bit
+    integers, free text) and a sub-message with no such field are left out."""
+    plan = _PLANS.get(descriptor.full_name)
+    if plan is not None:
+        return plan
+    plan = _PLANS[descriptor.full_name] = []  # placed first: types may nest themselves
+    _BUILDING.add(descriptor.full_name)
+    try:
+        for field in descriptor.fields:
+            check = _field_check(field)
+            if check is not None:
+                plan.append(check)
+    finally:
+        _BUILDING.discard(descriptor.full_name)
+    return plan
+
+
+def _scalar_kind(field: Any) -> tuple[int, Callable[[str], object] | None] | None:
+    """What a scalar field needs checked, if anything."""
+    if field.type in _UNBOUNDED_INTEGERS:
+        return None if field.name in HASH_FIELDS else (_INTEGER, None)
+    if field.type in _FLOATS:
+        return _FLOAT, None
+    if field.type != FieldDescriptor.TYPE_STRING:
+        return None
+    text = _text_check(field.name)
+    return None if text is None else (_TEXT, text)
+
+
+_KNOWN_GOOD_MAX = 4096
+"""Ids remembered as valid per kind (a cluster names the same few jobs,
+members and channels in every call); the set is emptied when full, so no
+caller can make it grow."""
+
+
+class _KnownGood:
+    """The ids that passed one check lately: a repeat costs a set lookup, not
+    a regular expression."""
+
+    def __init__(self, check: Callable[[str, str], object], field_name: str) -> None:
+        self._check = check
+        self._field_name = field_name
+        self._good: set[str] = set()
+
+    def __call__(self, value: str) -> None:
+        if value in self._good:
+            return
+        self._check(value, self._field_name)
+        if len(self._good) >= _KNOWN_GOOD_MAX:
+            self._good.clear()
+        self._good.add(value)
+
+
+_IDS = _KnownGood(lambda value, name: check_id(value, name, required=False), "id")
+_PATH_IDS = _KnownGood(lambda value, name: check_path_id(value, name, required=False), "id")
+
+
+def _text_check(field_name: str) -> Callable[[str], object] | None:
+    if field_name in ID_FIELDS:
+        return _IDS
+    if field_name in PATH_ID_FIELDS:
+        return _PATH_IDS
+    if field_name in ("address", "checksum"):
+        return lambda value: _check_text(field_name, value, field_name)
+    return None
+
+
+def _field_check(field: Any) -> _FieldCheck | None:
+    repeated = _is_repeated(field)
+    if field.message_type is None:
+        scalar = _scalar_kind(field)
+        if scalar is None:
+            return None
+        return _FieldCheck(field.name, scalar[0], repeated, text=scalar[1])
+    if field.message_type.GetOptions().map_entry:
+        key_check = (_text_check("channel") if field.name in CHANNEL_KEYED_MAPS else None)
+        value_field = field.message_type.fields_by_name["value"]
+        if value_field.message_type is not None:
+            plan = _plan_of(value_field.message_type)
+            if not plan and key_check is None:
+                return None
+            return _FieldCheck(field.name, _MAP, True, plan, _MESSAGE, key_check)
+        scalar = _scalar_kind(value_field)
+        if scalar is None and key_check is None:
+            return None
+        return _FieldCheck(field.name, _MAP, True, None,
+                           scalar[0] if scalar else -1, key_check)
+    plan = _plan_of(field.message_type)
+    if not plan and field.message_type.full_name not in _BUILDING:
+        return None  # nothing in it can be wrong
+    return _FieldCheck(field.name, _MESSAGE, repeated, plan)
+
+
+def _passes(message: Any, plan: list[_FieldCheck]) -> bool:
+    """Whether every field of ``plan`` holds (no names, no allocation on the
+    way; a False answer is explained by :func:`_check_named`)."""
+    try:
+        return _fields_pass(message, plan)
+    except InvalidArgument:
+        return False
+
+
+def _fields_pass(message: Any, plan: list[_FieldCheck]) -> bool:
+    for check in plan:
+        value = getattr(message, check.name)
+        kind = check.kind
+        if kind == _MESSAGE:
+            assert check.plan is not None
+            if check.repeated:
+                for item in value:
+                    if not _fields_pass(item, check.plan):
+                        return False
+            elif message.HasField(check.name) and not _fields_pass(value, check.plan):
+                return False
+        elif kind == _TEXT and not check.repeated:
+            if value:
+                assert check.text is not None
+                check.text(value)
+        elif kind == _INTEGER and not check.repeated:
+            if value > MAX_WIRE_INTEGER:
+                return False
+        elif kind == _MAP:
+            if value and not _map_passes(value, check):
+                return False
+        elif not _scalars_pass(value if check.repeated else (value,), kind, check.text):
+            return False
+    return True
+
+
+def _map_passes(value: Any, check: _FieldCheck) -> bool:
+    if check.text is not None:
+        for key in value:
+            check.text(key)
+    if check.plan is not None:
+        return all(_fields_pass(item, check.plan) for item in value.values())
+    return _scalars_pass(list(value.values()), check.value_kind, None)
+
+
+def _scalars_pass(values: Any, kind: int, text: Callable[[str], object] | None) -> bool:
+    if not values:
+        return True
+    if kind == _INTEGER:
+        return bool(max(values) <= MAX_WIRE_INTEGER)
+    if kind == _FLOAT:
+        return all(map(math.isfinite, values))
+    if kind == _TEXT and text is not None:
+        for item in values:
+            if item:
+                text(item)
+    return True
