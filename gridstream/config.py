@@ -55,6 +55,11 @@ class ClusterConfig:
     loop is busy is not declared dead; a loop that has not run for this long
     stops them, so that the work of a stuck member moves elsewhere."""
 
+    stop_deadline_s: float = 120.0
+    """A member asked to stop (SIGTERM, its supervisor gone) that is still
+    draining this long after logs what it still runs and exits with status
+    75, so a stop never hangs on a peer or state server that is gone."""
+
     backup_count: int = 1
     """Ring successors holding a copy of each JobContainer append."""
 
@@ -319,6 +324,7 @@ class Config:
             ("cluster.loop_stall_limit_s",
              self.cluster.loop_stall_limit_s > 3 * self.cluster.heartbeat_interval_s,
              "must be more than 3 x cluster.heartbeat_interval_s"),
+            ("cluster.stop_deadline_s", self.cluster.stop_deadline_s > 0, "must be > 0"),
             ("cluster.backup_count", self.cluster.backup_count >= 0, "must be >= 0"),
             ("cluster.replica_count", self.cluster.replica_count >= 1, "must be >= 1"),
             ("worker.queue_max_records", self.worker.queue_max_records >= 1, "must be >= 1"),

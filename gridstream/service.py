@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import json
 import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from grpc_reflection.v1alpha import reflection
 
 from gridstream import rpc
 from gridstream.auth import CallGuard, load_cluster_secret, load_tokens
-from gridstream.config import ConfigError, SecurityConfig, check_bind
+from gridstream.config import ClusterConfig, ConfigError, SecurityConfig, check_bind
 
 log = logging.getLogger(__name__)
 
@@ -189,28 +191,90 @@ async def watch_parent(parent: int, stop: asyncio.Event, interval_s: float = 0.5
     stop.set()
 
 
-def run_service(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]]) -> None:
+STOP_OVERDUE_EXIT_CODE = 75
+"""Exit status of a member that did not finish draining within its stop
+deadline (``cluster.stop_deadline_s``): it was asked to stop, so a
+supervisor restarts it as after any failure."""
+
+
+class StopDeadline:
+    """Ends a process whose drain outlives its deadline. A drain waits on
+    peers and state servers (last writes, handoffs); with them gone, some
+    wait could last forever and the process would neither serve nor exit.
+    Armed when the stop is asked for; a thread of its own, so a blocked event
+    loop cannot hold it back. On expiry it logs an ERROR naming the asyncio
+    tasks still running, dumps every thread's stack to stderr and exits with
+    :data:`STOP_OVERDUE_EXIT_CODE`."""
+
+    def __init__(self, deadline_s: float, loop: asyncio.AbstractEventLoop) -> None:
+        self.deadline_s = deadline_s
+        self._loop = loop
+        self._timer: threading.Timer | None = None
+
+    def arm(self) -> None:
+        """Starts the countdown (once)."""
+        if self._timer is None:
+            self._timer = threading.Timer(self.deadline_s, self._overdue)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def disarm(self) -> None:
+        """The drain finished: no countdown any more."""
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _running(self) -> str:
+        for _ in range(3):  # the loop's thread may change the task set meanwhile
+            try:
+                names = sorted(t.get_name() for t in asyncio.all_tasks(self._loop)
+                               if not t.done())
+            except RuntimeError:
+                continue
+            return ", ".join(names[:30]) + (f" and {len(names) - 30} more"
+                                           if len(names) > 30 else "")
+        return "(could not be listed)"
+
+    def _overdue(self) -> None:
+        log.error("did not finish draining within cluster.stop_deadline_s=%.0fs of the stop; "
+                  "still running: %s; exiting with status %d (stacks follow on stderr)",
+                  self.deadline_s, self._running(), STOP_OVERDUE_EXIT_CODE)
+        faulthandler.dump_traceback(all_threads=True)
+        logging.shutdown()
+        os._exit(STOP_OVERDUE_EXIT_CODE)
+
+
+async def _arm_when_asked(stop: asyncio.Event, deadline: StopDeadline) -> None:
+    await stop.wait()
+    deadline.arm()
+
+
+def run_service(main: Callable[[asyncio.Event], Coroutine[Any, Any, None]],
+                stop_deadline_s: float = ClusterConfig.stop_deadline_s) -> None:
     """Runs a service's ``main(stop_event)`` on uvloop; SIGTERM, SIGINT and
     SIGHUP set the event so the service drains gracefully instead of dying
     mid-write, and so does the death of a supervisor that asked for it
-    (:func:`exit_with_parent`)."""
+    (:func:`exit_with_parent`). A drain that outlives ``stop_deadline_s``
+    ends the process (:class:`StopDeadline`)."""
 
     async def runner() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(sig, stop.set)
+        deadline = StopDeadline(stop_deadline_s, loop)
+        helpers = [asyncio.create_task(_arm_when_asked(stop, deadline), name="stop deadline")]
         parent = exit_with_parent()
-        if not parent:
-            await main(stop)
-            return
-        watcher = asyncio.create_task(watch_parent(parent, stop), name="parent watch")
+        if parent:
+            helpers.append(asyncio.create_task(watch_parent(parent, stop), name="parent watch"))
         try:
             await main(stop)
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            deadline.disarm()
+            for helper in helpers:
+                helper.cancel()
+            for helper in helpers:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await helper
 
     with contextlib.suppress(KeyboardInterrupt):
         uvloop.run(runner())

@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     rpc.configure_security(config.security)
     jobspec.allow_job_modules(config.cluster.job_modules)
     try:
-        run_service(lambda stop: serve(config, args.ready_file, stop))
+        run_service(lambda stop: serve(config, args.ready_file, stop),
+                    config.cluster.stop_deadline_s)
     except ConfigError as exc:
         raise SystemExit(f"gridstream scheduler: {exc}") from None

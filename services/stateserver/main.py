@@ -268,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     rpc.configure_security(options.config.security)
     try:
-        run_service(service_main)
+        run_service(service_main, options.config.cluster.stop_deadline_s)
     except OlderLayout as exc:  # an operator's fix, not a crash: one line, exit 2
         log.error("%s", exc)
         sys.exit(2)

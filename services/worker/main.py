@@ -127,4 +127,4 @@ def main(argv: list[str] | None = None) -> None:
     rpc.configure_security(config.security)
     jobspec.allow_job_modules(config.cluster.job_modules)
     tune_collector(config.worker.gc_young_threshold)
-    run_service(lambda stop: serve(config, args.ready_file, stop))
+    run_service(lambda stop: serve(config, args.ready_file, stop), config.cluster.stop_deadline_s)
