@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.plots import add_out_argument, bars, out_dir, pyplot
 from gridstream.builtins import count, split_words
-from gridstream.client import Client
+from gridstream.client import DEFAULT_BATCH_SIZE, Client
 from gridstream.config import Config
 from gridstream.demo import compare, workload
 from gridstream.examples import taxi, wordcount
@@ -129,7 +129,7 @@ class Run:
 
 
 async def timed_run(cluster: LocalCluster, name: str, size: int, delivery: str,
-                    batch_size: int = 5_000) -> Run:
+                    batch_size: int = DEFAULT_BATCH_SIZE) -> Run:
     """Runs a workload in a timed window (submit to drain, as ``gridstream
     demo`` measures it) that also counts the CPU of the client and of every
     member; reading and checking the results come after the window."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gridstream import filesink
-from gridstream.client import Client
+from gridstream.client import DEFAULT_BATCH_SIZE, Client
 from gridstream.config import Config, SecurityConfig
 from gridstream.examples import clicks, taxi, trips, wordcount
 from gridstream.local import LocalCluster
@@ -88,7 +88,8 @@ def workload(
     raise ValueError(f"unknown demo {name!r}; choose taxi, wordcount, clicks or trips")
 
 
-async def run_clicks_on(scheduler: str, records: int, files: Path, batch_size: int = 5_000,
+async def run_clicks_on(scheduler: str, records: int, files: Path,
+                        batch_size: int = DEFAULT_BATCH_SIZE,
                         security: SecurityConfig | None = None) -> DemoReport:
     """Runs the clicks job (:mod:`gridstream.examples.clicks`) against a
     running cluster whose workers can write ``files``; checks the per-user
@@ -116,7 +117,7 @@ async def run_clicks_on(scheduler: str, records: int, files: Path, batch_size: i
                       f"clicks in {files_count} files under {files / job_id}")
 
 
-async def run_trips_on(scheduler: str, records: int, batch_size: int = 5_000,
+async def run_trips_on(scheduler: str, records: int, batch_size: int = DEFAULT_BATCH_SIZE,
                        security: SecurityConfig | None = None) -> DemoReport:
     """Runs the trips job (:mod:`gridstream.examples.trips`: per-device trip
     summaries in 5-minute event-time windows) against a running cluster and
@@ -152,7 +153,7 @@ async def run_trips_on(scheduler: str, records: int, batch_size: int = 5_000,
                       "trips joined with their drivers as of their time")
 
 
-async def run_on(scheduler: str, name: str, records: int, batch_size: int = 5_000,
+async def run_on(scheduler: str, name: str, records: int, batch_size: int = DEFAULT_BATCH_SIZE,
                  delivery: str = "exactly_once",
                  security: SecurityConfig | None = None) -> DemoReport:
     """Runs a workload against a running cluster and checks it."""

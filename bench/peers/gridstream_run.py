@@ -32,13 +32,14 @@ from common import REPO_ROOT, arguments, device_key_of, measured, read_lines, wr
 
 sys.path.insert(0, str(REPO_ROOT))
 
-from gridstream.client import Client
+from gridstream.client import DEFAULT_BATCH_SIZE, Client
 from gridstream.config import Config
 from gridstream.examples import taxi, wordcount
 from gridstream.local import LocalCluster
 
-BATCH_SIZE = 5_000
-"""Records per client batch, as ``gridstream demo`` and ``bench/throughput.py`` send."""
+BATCH_SIZE = DEFAULT_BATCH_SIZE
+"""Records per client batch: the SDK's default, as ``gridstream demo`` and
+``bench/throughput.py`` send."""
 
 
 def _extra(parser: argparse.ArgumentParser) -> None:
