@@ -57,7 +57,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from gridstream.client import DEFAULT_BATCH_SIZE, Client
+from gridstream.client import Client
 from gridstream.config import SecurityConfig
 from gridstream.ids import (
     MICRO_BATCH_CHUNK_BITS,
@@ -71,6 +71,10 @@ SEQUENCE_SHIFT = MICRO_BATCH_SEQUENCE_BITS
 (defined in :mod:`gridstream.ids`, with the other id spaces)."""
 CHUNK_SHIFT = MICRO_BATCH_CHUNK_BITS
 """Within a micro-batch, chunk c of a task starts at ``c << 10``."""
+BATCH_SIZE = 5_000
+"""Records per SDK batch unless the ``batch_size`` option says otherwise:
+smaller than the SDK's default because a task turns ``batch_size << 10`` rows
+at a time into Python objects (one chunk), and that chunk bounds its memory."""
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 SECURITY_OPTIONS = ("tls_ca", "tls_cert", "tls_key", "token")
@@ -178,7 +182,7 @@ def parse_options(options: Mapping[str, str], schema: StructType) -> SinkOptions
         raise BridgeError(f"gridstream sink: order_by column {order_by!r} is not in the "
                           f"query's columns {sorted(columns)}")
     try:
-        batch_size = int(opts.get("batch_size", DEFAULT_BATCH_SIZE))
+        batch_size = int(opts.get("batch_size", BATCH_SIZE))
         send_timeout_s = float(opts.get("send_timeout_s", 60.0))
     except ValueError as exc:
         raise BridgeError(f"gridstream sink: batch_size/send_timeout_s must be numbers: {exc}"
@@ -391,7 +395,7 @@ class GridstreamDataSource(DataSource):
 
 def foreach_batch_writer(scheduler: str, job: str, key: str | None = None,
                          value: str | None = None, *, value_format: str = "native",
-                         batch_size: int = DEFAULT_BATCH_SIZE, order_by: str | None = None,
+                         batch_size: int = BATCH_SIZE, order_by: str | None = None,
                          dead_letter_dir: str | None = None,
                          query_id: str | None = None) -> Callable[[Any, int], None]:
     """A ``foreachBatch`` function for users who prefer that style:
