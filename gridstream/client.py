@@ -179,8 +179,8 @@ class Client(ControlCalls):
         """Sends records in batches; returns once every one is acknowledged
         (appended to its partition's JobContainer). With ``keys``, records go to
         the partition of their key; without, batches are spread over the
-        partitions in turn; a list (any sized collection) of fewer than
-        ``batch_size`` records per partition is cut into one batch for each
+        partitions in turn; a send of fewer than ``batch_size`` records per
+        partition is cut into one batch for each
         partition, so that it keeps every partition busy, in batches of at
         least :data:`SPREAD_MIN_BATCH` records.
         Returns the number of records sent.
@@ -227,10 +227,11 @@ class Client(ControlCalls):
                     )
                 total += len(bv)
         else:
+            if not isinstance(values, Sized):
+                values = list(values)  # every batch is held until acknowledged anyway
             iterator = iter(values)
             turn = itertools.count() if producer is not None else self._round_robin
-            size = (unkeyed_batch_size(self.batch_size, len(values), partitions)
-                    if isinstance(values, Sized) else self.batch_size)
+            size = unkeyed_batch_size(self.batch_size, len(values), partitions)
             while chunk := list(itertools.islice(iterator, size)):
                 check_nesting(chunk, "record")
                 p = next(turn) % partitions
