@@ -55,10 +55,12 @@ class ClusterConfig:
     loop is busy is not declared dead; a loop that has not run for this long
     stops them, so that the work of a stuck member moves elsewhere."""
 
-    stop_deadline_s: float = 120.0
+    stop_deadline_s: float = 15.0
     """A member asked to stop (SIGTERM, its supervisor gone) that is still
     draining this long after logs what it still runs and exits with status
-    75, so a stop never hangs on a peer or state server that is gone."""
+    75 (a crash, which the cluster recovers from as from a kill), so a stop
+    never hangs on a peer or state server that is gone. Below the systemd
+    units' TimeoutStopSec, so the log says what held the drain."""
 
     backup_count: int = 1
     """Ring successors holding a copy of each JobContainer append."""
