@@ -124,21 +124,7 @@ class Shuffle:
         partition_of = self._partition_of
         if len(partition_of) > _CACHE_LIMIT:
             partition_of.clear()
-        parts = self.partitions
-        digest = xxhash.xxh64_intdigest
-        get = partition_of.get
-        # One list per partition, found by index: no bucket lookup per record.
-        bucket_keys: list[list[Any]] = [[] for _ in range(parts)]
-        bucket_values: list[list[Any]] = [[] for _ in range(parts)]
-        for k, v in zip(keys, values, strict=True):
-            p = get(k)
-            if p is None:
-                text = k if type(k) is str else key_text(k)
-                p = partition_of[k] = digest(text.encode()) % parts
-            bucket_keys[p].append(k)
-            bucket_values[p].append(v)
-        buckets = {p: (bucket_keys[p], bucket_values[p]) for p in range(parts)
-                   if bucket_values[p]}
+        buckets = self._buckets(keys, values)
         segments: list[OutSegment] = []
         size = self.batch_records
         for p in sorted(buckets):
@@ -152,6 +138,35 @@ class Shuffle:
                 self._encode(segment, batch_id, dead)
                 segments.append(segment)
         return segments
+
+    def _buckets(self, keys: list[Any], values: list[Any]
+                 ) -> dict[int, tuple[list[Any], list[Any]]]:
+        """Keys and values per partition, in record order. The partitions of
+        the batch's distinct keys come first: a batch whose keys all belong
+        to one partition (a source keyed as the reduce after it, such as
+        taxi's records sent by device) goes whole, with nothing done per
+        record."""
+        partition_of = self._partition_of
+        parts = self.partitions
+        digest = xxhash.xxh64_intdigest
+        distinct = set(keys)
+        for k in distinct - partition_of.keys():
+            text = k if type(k) is str else key_text(k)
+            partition_of[k] = digest(text.encode()) % parts
+        if not keys:
+            return {}
+        first = partition_of[keys[0]]
+        if all(partition_of[k] == first for k in distinct):
+            return {first: (keys, values)}
+        # One list per partition, found by index: no bucket lookup per record.
+        bucket_keys: list[list[Any]] = [[] for _ in range(parts)]
+        bucket_values: list[list[Any]] = [[] for _ in range(parts)]
+        for k, v in zip(keys, values, strict=True):
+            p = partition_of[k]
+            bucket_keys[p].append(k)
+            bucket_values[p].append(v)
+        return {p: (bucket_keys[p], bucket_values[p]) for p in range(parts)
+                if bucket_values[p]}
 
     def _encode(self, segment: OutSegment, batch_id: str, dead: list[DeadLetter]) -> None:
         """Encodes a segment now, inside the batch's error handling: every

@@ -134,3 +134,21 @@ def test_combined_records_keyed_by_themselves_split_as_record_by_record() -> Non
                 odd_batches.append(f"b#{n}")
             split_alike(fast, slow, values, f"b#{n}")
         assert keyed == odd_batches  # plain words never took the per-record path
+
+
+def test_a_batch_keyed_for_one_partition_goes_whole_and_in_order() -> None:
+    """The source sent these records to the partition their key belongs to
+    (taxi by device): the split's fast path, checked against the reference."""
+    partitions = 12
+    same = [k for k in (f"dev{i}" for i in range(2_000))
+            if xxhash.xxh64_intdigest(k.encode()) % partitions == 5]
+    rng = random.Random(4)
+    shuffle = Shuffle("job", 1, "next", partitions, key_of, "t0/p0",
+                      router=None, batch_records=40)  # type: ignore[arg-type]
+    sequences: dict[int, int] = {}
+    for n in range(20):
+        values: list[Any] = [[rng.choice(same), i] for i in range(rng.randrange(1, 150))]
+        segments = shuffle.split(values, f"b#{n}", [])
+        assert {s.partition for s in segments} == {5}
+        expected = reference(values, partitions, 40, sequences)
+        assert [(s.partition, s.sequence, s.keys, s.values) for s in segments] == expected
