@@ -56,19 +56,16 @@ class ClusterConfig:
     stops them, so that the work of a stuck member moves elsewhere."""
 
     stop_deadline_s: float = 15.0
-    """A member asked to stop (SIGTERM, its supervisor gone) that is still
-    draining this long after logs what it still runs and exits with status
-    75 (a crash, which the cluster recovers from as from a kill), so a stop
-    never hangs on a peer or state server that is gone. Below the systemd
-    units' TimeoutStopSec, so the log says what held the drain."""
+    """A member still draining this long after a stop was asked logs what it
+    still runs and exits 75 (a crash, recovered from as from a kill): a stop
+    never hangs on peers that are gone. Below systemd's TimeoutStopSec."""
 
     backup_count: int = 1
     """Ring successors holding a copy of each JobContainer append."""
 
     replica_count: int = 2
     """R: state servers holding a copy of each operator's snapshots and rows
-    (capped at the number of state servers). The scheduler publishes it to
-    every member in the routing table."""
+    (capped at the number of state servers; published in the routing table)."""
 
     write_quorum: int = 0
     """W: replicas that must acknowledge a snapshot or row write before it
@@ -86,26 +83,21 @@ class ClusterConfig:
     failed and its lost batches are processed again (jobs may override)."""
 
     task_restarts_before_move: int = 3
-    """A task restarted this many times after errors on one worker is
-    reported in that worker's heartbeats, and the scheduler moves its
-    partition to another worker (where the task starts again from its
-    snapshot and log). The worker is avoided for that partition until it
-    restarts. Raise it for tasks with transient errors; a task that fails on
-    every worker keeps its last owner and is named in the job's progress."""
+    """A task restarted this many times after errors on one worker has its
+    partition moved to another worker (from its snapshot and log), and the
+    worker is avoided for it until it restarts. A task failing on every
+    worker keeps its last owner and is named in the job's progress."""
 
     tracking_flush_s: float = 1.0
-    """A task whose processed batches' tracking reports wait for a durable
-    window closes it after at most this long, even before W records: trees
-    complete, and a busy task snapshots, about this often. A drain does not
-    wait for it: it asks the tasks to close such windows now."""
+    """A task whose tracking reports wait for a durable window closes it after
+    at most this long, even before W records: trees complete, and a busy task
+    snapshots, about this often (a drain asks for such closes at once)."""
 
     job_modules: tuple[str, ...] = ("gridstream.builtins", "gridstream.examples")
-    """Modules (or packages, with everything below them) whose functions jobs
-    may name. Checked before anything is imported, by the scheduler at submit
-    and by every worker at deploy: whoever may submit jobs runs the code of
-    these modules on every worker, so list only modules you trust. The default
-    allows gridstream's own built-ins and examples; add your job packages
-    (``["gridstream.builtins", "mycompany.jobs"]``; environment: comma-separated)."""
+    """Modules (or packages, with all below them) whose functions jobs may name,
+    checked before any import at submit and at deploy: submitters run these
+    modules' code on every worker, so list only modules you trust (e.g.
+    ``["gridstream.builtins", "mycompany.jobs"]``; environment: comma-separated)."""
 
 
 @dataclass(frozen=True)
