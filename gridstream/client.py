@@ -179,11 +179,9 @@ class Client(ControlCalls):
         """Sends records in batches; returns once every one is acknowledged
         (appended to its partition's JobContainer). With ``keys``, records go to
         the partition of their key; without, batches are spread over the
-        partitions in turn; a send of fewer than ``batch_size`` records per
-        partition is cut into one batch for each
-        partition, so that it keeps every partition busy, in batches of at
-        least :data:`SPREAD_MIN_BATCH` records.
-        Returns the number of records sent.
+        partitions in turn (:func:`unkeyed_batch_size`: a send of fewer than
+        ``batch_size`` records per partition goes in one batch to each, so it
+        keeps every partition busy). Returns the number of records sent.
 
         Exactly once across sender restarts: give a stable ``producer`` (its
         channel becomes ``src/<producer>``) and a ``first_sequence`` that is
