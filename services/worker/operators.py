@@ -188,7 +188,9 @@ def _fresh(initial: Any) -> Any:
 
 
 def _reduce(stage: Stage, fn: Callable[[Any, Any], Any], state: dict[Any, Any],
-            touched: set[Any]) -> StageFn:
+            touched: set[Any], emit: bool = True) -> StageFn:
+    """A keyed fold; emits ``(key, accumulator)`` per record unless ``emit``
+    is False (nothing reads it: see :attr:`OperatorChain._quiet_steps`)."""
     initial = stage.initial
     mutable_initial = not isinstance(initial, _IMMUTABLE)
 
@@ -209,8 +211,9 @@ def _reduce(stage: Stage, fn: Callable[[Any, Any], Any], state: dict[Any, Any],
                 dead.add(stage.name, i, k, v, exc)
                 continue
             state[k] = acc
-            out_k.append(k)
-            out_v.append(acc)
+            if emit:
+                out_k.append(k)
+                out_v.append(acc)
         return out_k, out_v
 
     return run
@@ -262,6 +265,10 @@ class OperatorChain:
         self.windows: list[WindowStep | TableJoinStep | WindowJoinStep | TimerStep] = []
         """The chain's window stages (told each batch's channel and watermark)."""
         self.has_sink = bool(stages) and stages[-1].kind == "sink"
+        self._quiet_steps: list[StageFn] | None = None
+        """The steps with a reduce right before a keyed sink that emits
+        nothing, run when no row is wanted: its per-record output would only
+        be dropped (taxi's track, exactly once: rows come from the state)."""
         self.rows_wanted = True
         """False when the task's result rows are read from its stored state
         (taskplan.results_from_state): building them per batch would be waste."""
@@ -300,6 +307,11 @@ class OperatorChain:
                 self.touched[stage.name] = set()
                 self._steps.append(_reduce(stage, fn, self.states[stage.name],
                                            self.touched[stage.name]))
+                if stage is stages[-2] and self.has_sink and not (self.append_sink
+                                                                  or self.file_sink):
+                    self._quiet_steps = [*self._steps[:-1], _reduce(
+                        stage, fn, self.states[stage.name], self.touched[stage.name],
+                        emit=False)]
             elif stage.kind == "stateful":
                 self.states[stage.name] = {}
                 self.touched[stage.name] = set()
@@ -365,7 +377,10 @@ class OperatorChain:
                 window.batch_time, window.batch_id = batch_time, batch_id
         dead_list: list[DeadLetter] = []
         dead = _DeadLetters(batch_id, dead_list)
-        for step in self._steps:
+        steps = self._steps
+        if self._quiet_steps is not None and not self.rows_wanted:
+            steps = self._quiet_steps
+        for step in steps:
             keys, values = step(keys, values, dead)
         result = ChainResult(keys, values, dead_letters=dead_list)
         if self.has_sink:

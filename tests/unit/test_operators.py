@@ -127,3 +127,23 @@ def test_keyed_stage_without_keys_is_a_bug_not_silence() -> None:
                              initial=0), Stage("sink", "sink")], "test")
     with pytest.raises(RuntimeError, match="received records without keys"):
         c.process(None, ["a"], "b#1")
+
+
+def test_a_reduce_before_a_sink_whose_rows_come_from_state_builds_no_output() -> None:
+    """Exactly once, a task's rows are read from its state: the reduce right
+    before the sink then folds (state, touched keys, dead letters as always)
+    without building the per-record output nobody reads."""
+    stages = [Stage("collect", "reduce", f"{HERE}:append_item", key="m:k", initial=[]),
+              Stage("sink", "sink")]
+    wanted, from_state = OperatorChain(stages, "test"), OperatorChain(stages, "test")
+    from_state.rows_wanted = False
+    batches = [(["a", "b", "a"], [1, 2, 3]), (["b", "c"], [4, "x"])]
+    for n, (keys, values) in enumerate(batches):
+        rows = wanted.process(list(keys), list(values), f"b#{n}").sink_rows
+        quiet = from_state.process(list(keys), list(values), f"b#{n}")
+        assert rows == {k: wanted.states["collect"][k] for k in keys}
+        assert quiet.sink_rows == {} and quiet.values == []
+    assert from_state.states == wanted.states == {"collect": {"a": [1, 3], "b": [2, 4],
+                                                              "c": ["x"]}}
+    assert from_state.touched == wanted.touched
+    assert from_state._quiet_steps is not None  # the quiet path is the one taken
