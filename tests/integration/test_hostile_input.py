@@ -32,7 +32,7 @@ import pytest_asyncio
 
 from gridstream import codec, rpc
 from gridstream.auth import create_cluster_secret
-from gridstream.client import DEFAULT_BATCH_SIZE, Client
+from gridstream.client import Client
 from gridstream.config import ClusterConfig, Config, SecurityConfig
 from gridstream.errors import (
     DeadlineExceeded,
@@ -390,20 +390,6 @@ async def test_row12_a_record_that_can_never_fit_fails_at_once(client: Client) -
     assert time.monotonic() - started < 10
     assert "can never be sent" in str(info.value)
     assert info.value.failed_partitions and not info.value.pending_partitions
-
-
-async def test_row12_a_default_batch_above_the_push_limit_is_split_and_sent(
-        cluster: LocalCluster) -> None:
-    """The SDK's default batch (20,000 records) of 600-byte records is 12 MB,
-    above the workers' 8 MiB ``max_batch_bytes``: it goes in halves, every
-    record counted once."""
-    word = "z" * 600
-    async with Client(cluster.scheduler_address) as sdk:
-        job_id = await sdk.submit(wordcount.job())
-        sent = await sdk.send(job_id, [word] * DEFAULT_BATCH_SIZE, ["one key"] * DEFAULT_BATCH_SIZE)
-        await sdk.drain(job_id, timeout_s=120)
-        assert sent == DEFAULT_BATCH_SIZE
-        assert await sdk.results(job_id) == {word: DEFAULT_BATCH_SIZE}
 
 
 async def test_partial_failure_names_the_partitions_sent(client: Client) -> None:

@@ -1,7 +1,8 @@
 """The SDK against a real local cluster: typed answers (enums and
 dataclasses, not protobuf messages) from every control call, and the
 blocking SyncClient with every call of Client, from a plain thread and from
-inside a running event loop (as in a notebook)."""
+inside a running event loop (as in a notebook); and the SDK's default batch
+above the workers' push limit."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import pytest_asyncio
 
 from gridstream import Client, SyncClient
+from gridstream.client import DEFAULT_BATCH_SIZE
 from gridstream.examples import wordcount
 from gridstream.local import LocalCluster
 from gridstream.types import (
@@ -118,3 +120,17 @@ def test_a_closed_sync_client_says_so() -> None:
     sync.close()  # twice is fine
     with pytest.raises(RuntimeError, match="closed"):
         sync.jobs()
+
+
+async def test_a_default_batch_above_the_push_limit_is_split_and_sent(
+        cluster: LocalCluster) -> None:
+    """The SDK's default batch (20,000 records) of 600-byte records is 12 MB,
+    above the workers' 8 MiB ``max_batch_bytes``: it goes in halves, every
+    record counted once."""
+    word = "z" * 600
+    async with Client(cluster.scheduler_address) as sdk:
+        job_id = await sdk.submit(wordcount.job())
+        sent = await sdk.send(job_id, [word] * DEFAULT_BATCH_SIZE, ["one key"] * DEFAULT_BATCH_SIZE)
+        await sdk.drain(job_id, timeout_s=120)
+        assert sent == DEFAULT_BATCH_SIZE
+        assert await sdk.results(job_id) == {word: DEFAULT_BATCH_SIZE}
