@@ -353,6 +353,8 @@ class _KnownGood:
 
 _IDS = _KnownGood(lambda value, name: check_id(value, name, required=False), "id")
 _PATH_IDS = _KnownGood(lambda value, name: check_path_id(value, name, required=False), "id")
+_CHANNEL_KEYS = _KnownGood(lambda value, name: check_path_id(value, name), "key")
+"""Map keys that are channels: never empty (as :func:`_check_map` says)."""
 
 
 def _text_check(field_name: str) -> Callable[[str], object] | None:
@@ -373,7 +375,7 @@ def _field_check(field: Any) -> _FieldCheck | None:
             return None
         return _FieldCheck(field.name, scalar[0], repeated, text=scalar[1])
     if field.message_type.GetOptions().map_entry:
-        key_check = (_text_check("channel") if field.name in CHANNEL_KEYED_MAPS else None)
+        key_check = _CHANNEL_KEYS if field.name in CHANNEL_KEYED_MAPS else None
         value_field = field.message_type.fields_by_name["value"]
         if value_field.message_type is not None:
             plan = _plan_of(value_field.message_type)

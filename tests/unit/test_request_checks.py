@@ -88,6 +88,8 @@ BAD_IDS = [
         worker_pb2.LogEntry(channel="t0/../p1")]), "entries[0].channel"),
     (worker_pb2.ReplicateRequest(job_id="j", primary="w", sequences={"a//b": 1}),
      "sequences key"),
+    (worker_pb2.ReplicateRequest(job_id="j", primary="w", sequences={"": 1}),
+     "sequences key"),
     (worker_pb2.TrackRequest(job_id="j", reporter="x/ü"), "reporter"),
     (worker_pb2.TrackRequest(job_id="j", node_id=".."), "node_id"),
     (scheduler_pb2.GetRoutingTableRequest(job_ids=["ok", "no way"]), "job_ids[1]"),
