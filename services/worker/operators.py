@@ -307,8 +307,8 @@ class OperatorChain:
                 self.touched[stage.name] = set()
                 self._steps.append(_reduce(stage, fn, self.states[stage.name],
                                            self.touched[stage.name]))
-                if stage is stages[-2] and self.has_sink and not (self.append_sink
-                                                                  or self.file_sink):
+                if (self.has_sink and len(stages) >= 2 and stage is stages[-2]
+                        and not (self.append_sink or self.file_sink)):
                     self._quiet_steps = [*self._steps[:-1], _reduce(
                         stage, fn, self.states[stage.name], self.touched[stage.name],
                         emit=False)]

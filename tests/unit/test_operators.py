@@ -147,3 +147,12 @@ def test_a_reduce_before_a_sink_whose_rows_come_from_state_builds_no_output() ->
                                                               "c": ["x"]}}
     assert from_state.touched == wanted.touched
     assert from_state._quiet_steps is not None  # the quiet path is the one taken
+
+
+def test_a_chain_of_one_reduce_feeds_the_next_task() -> None:
+    """A reduce alone in its task (its output shuffled to the next task) emits
+    every accumulator."""
+    c = OperatorChain([Stage("count", "reduce", "gridstream.builtins:count", key="m:k",
+                             initial=0)], "test")
+    result = c.process(["a", "b", "a"], ["a", "b", "a"], "b#1")
+    assert (result.keys, result.values) == (["a", "b", "a"], [1, 1, 2])
