@@ -190,7 +190,7 @@ def _fresh(initial: Any) -> Any:
 def _reduce(stage: Stage, fn: Callable[[Any, Any], Any], state: dict[Any, Any],
             touched: set[Any], emit: bool = True) -> StageFn:
     """A keyed fold; emits ``(key, accumulator)`` per record unless ``emit``
-    is False (nothing reads it: see :attr:`OperatorChain._quiet_steps`)."""
+    is False (a keyed sink right after it whose rows are not wanted)."""
     initial = stage.initial
     mutable_initial = not isinstance(initial, _IMMUTABLE)
 
@@ -257,7 +257,7 @@ class OperatorChain:
     window snapshot carries only those (see :mod:`services.worker.snapshots`).
     """
 
-    def __init__(self, stages: list[Stage], where: str) -> None:
+    def __init__(self, stages: list[Stage], where: str, rows_wanted: bool = True) -> None:
         self.stages = stages
         self.states: dict[str, dict[Any, Any]] = {}
         self.touched: dict[str, set[Any]] = {}
@@ -265,13 +265,11 @@ class OperatorChain:
         self.windows: list[WindowStep | TableJoinStep | WindowJoinStep | TimerStep] = []
         """The chain's window stages (told each batch's channel and watermark)."""
         self.has_sink = bool(stages) and stages[-1].kind == "sink"
-        self._quiet_steps: list[StageFn] | None = None
-        """The steps with a reduce right before a keyed sink that emits
-        nothing, run when no row is wanted: its per-record output would only
-        be dropped (taxi's track, exactly once: rows come from the state)."""
-        self.rows_wanted = True
+        self.rows_wanted = rows_wanted
         """False when the task's result rows are read from its stored state
-        (taskplan.results_from_state): building them per batch would be waste."""
+        (taskplan.results_from_state): building them per batch would be waste,
+        and so would a reduce right before a keyed sink emitting its per-record
+        accumulators (taxi's track, exactly once), which it then does not."""
         self.append_sink = self.has_sink and stages[-1].mode == "append"
         """An append sink keeps every record: rows by batch and index, as the
         rows of records without a key are, never merged by key."""
@@ -305,13 +303,11 @@ class OperatorChain:
             elif stage.kind == "reduce":
                 self.states[stage.name] = {}
                 self.touched[stage.name] = set()
+                feeds_keyed_sink = (self.has_sink and len(stages) >= 2 and stage is stages[-2]
+                                    and not (self.append_sink or self.file_sink))
                 self._steps.append(_reduce(stage, fn, self.states[stage.name],
-                                           self.touched[stage.name]))
-                if (self.has_sink and len(stages) >= 2 and stage is stages[-2]
-                        and not (self.append_sink or self.file_sink)):
-                    self._quiet_steps = [*self._steps[:-1], _reduce(
-                        stage, fn, self.states[stage.name], self.touched[stage.name],
-                        emit=False)]
+                                           self.touched[stage.name],
+                                           emit=rows_wanted or not feeds_keyed_sink))
             elif stage.kind == "stateful":
                 self.states[stage.name] = {}
                 self.touched[stage.name] = set()
@@ -377,10 +373,7 @@ class OperatorChain:
                 window.batch_time, window.batch_id = batch_time, batch_id
         dead_list: list[DeadLetter] = []
         dead = _DeadLetters(batch_id, dead_list)
-        steps = self._steps
-        if self._quiet_steps is not None and not self.rows_wanted:
-            steps = self._quiet_steps
-        for step in steps:
+        for step in self._steps:
             keys, values = step(keys, values, dead)
         result = ChainResult(keys, values, dead_letters=dead_list)
         if self.has_sink:

@@ -126,14 +126,14 @@ class TaskRunner:
             name_losses=spec.delivery == "exactly_once",
         )
         stages = tasks[task_index]
-        self.chain = OperatorChain(stages, f"job {spec.name}, task {task_index}")
+        self.rows_from_state = results_from_state(spec, stages) is not None  # none written
+        self.chain = OperatorChain(stages, f"job {spec.name}, task {task_index}",
+                                   rows_wanted=not self.rows_from_state)
         self.outbound = Outbound.of_task(job_id, spec, task_index, partition,
                                          task_channel(task_index, partition), router,
                                          batch_records)
         """Every edge the task's output goes on (none for a task ending in a sink)."""
         self.row_prefix = sink_row_prefix(spec, stages)
-        self.rows_from_state = results_from_state(spec, stages) is not None  # none written
-        self.chain.rows_wanted = not self.rows_from_state
         self.event_inputs = event_inputs(spec, task_index, partition)  # None: hears no time
         self.files = writer_of(self.chain, job_id, partition, lambda: self.chain,
                                lambda: self.epoch, self.operator_id)

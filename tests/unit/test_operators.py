@@ -11,7 +11,7 @@ import pytest
 
 from gridstream.jobspec import JobSpec, Stage
 from gridstream.testing import TestSource, run_local
-from services.worker.operators import OperatorChain
+from services.worker.operators import OperatorChain, _DeadLetters, _reduce
 
 
 def explode_on_three(value: int) -> int:
@@ -135,8 +135,8 @@ def test_a_reduce_before_a_sink_whose_rows_come_from_state_builds_no_output() ->
     without building the per-record output nobody reads."""
     stages = [Stage("collect", "reduce", f"{HERE}:append_item", key="m:k", initial=[]),
               Stage("sink", "sink")]
-    wanted, from_state = OperatorChain(stages, "test"), OperatorChain(stages, "test")
-    from_state.rows_wanted = False
+    wanted = OperatorChain(stages, "test")
+    from_state = OperatorChain(stages, "test", rows_wanted=False)
     batches = [(["a", "b", "a"], [1, 2, 3]), (["b", "c"], [4, "x"])]
     for n, (keys, values) in enumerate(batches):
         rows = wanted.process(list(keys), list(values), f"b#{n}").sink_rows
@@ -146,7 +146,6 @@ def test_a_reduce_before_a_sink_whose_rows_come_from_state_builds_no_output() ->
     assert from_state.states == wanted.states == {"collect": {"a": [1, 3], "b": [2, 4],
                                                               "c": ["x"]}}
     assert from_state.touched == wanted.touched
-    assert from_state._quiet_steps is not None  # the quiet path is the one taken
 
 
 def test_a_chain_of_one_reduce_feeds_the_next_task() -> None:
@@ -156,3 +155,13 @@ def test_a_chain_of_one_reduce_feeds_the_next_task() -> None:
                              initial=0)], "test")
     result = c.process(["a", "b", "a"], ["a", "b", "a"], "b#1")
     assert (result.keys, result.values) == (["a", "b", "a"], [1, 1, 2])
+
+
+def test_a_quiet_reduce_folds_without_output() -> None:
+    stage = Stage("collect", "reduce", f"{HERE}:append_item", key="m:k", initial=[])
+    state: dict[Any, Any] = {}
+    touched: set[Any] = set()
+    quiet = _reduce(stage, append_item, state, touched, emit=False)
+    dead: list[Any] = []
+    assert quiet(["a", "b", "a"], [1, 2, 3], _DeadLetters("b#1", dead)) == ([], [])
+    assert state == {"a": [1, 3], "b": [2]} and touched == {"a", "b"} and not dead
