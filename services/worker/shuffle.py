@@ -12,13 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import xxhash
-
 from gridstream.builtins import identity
 from gridstream.codec import PayloadError, encode_batch
 from gridstream.combiners import Partials
 from gridstream.deadletters import encode_error, encode_message, encode_record
-from gridstream.ids import key_text
+from gridstream.ids import partition_for_key
 from services.worker.operators import TRACEBACKS_PER_BATCH, DeadLetter, check_key, safe_text
 from services.worker.peers import OutSegment, PeerRouter
 
@@ -148,11 +146,9 @@ class Shuffle:
         record."""
         partition_of = self._partition_of
         parts = self.partitions
-        digest = xxhash.xxh64_intdigest
         distinct = set(keys)
         for k in distinct - partition_of.keys():
-            text = k if type(k) is str else key_text(k)
-            partition_of[k] = digest(text.encode()) % parts
+            partition_of[k] = partition_for_key(k, parts)  # the client's placement too
         if not keys:
             return {}
         first = partition_of[keys[0]]
