@@ -337,23 +337,22 @@ class _KnownGood:
     """The ids that passed one check lately: a repeat costs a set lookup, not
     a regular expression."""
 
-    def __init__(self, check: Callable[[str, str], object], field_name: str) -> None:
+    def __init__(self, check: Callable[[str], object]) -> None:
         self._check = check
-        self._field_name = field_name
         self._good: set[str] = set()
 
     def __call__(self, value: str) -> None:
         if value in self._good:
             return
-        self._check(value, self._field_name)
+        self._check(value)  # raises; the named walk then says which field
         if len(self._good) >= _KNOWN_GOOD_MAX:
             self._good.clear()
         self._good.add(value)
 
 
-_IDS = _KnownGood(lambda value, name: check_id(value, name, required=False), "id")
-_PATH_IDS = _KnownGood(lambda value, name: check_path_id(value, name, required=False), "id")
-_CHANNEL_KEYS = _KnownGood(lambda value, name: check_path_id(value, name), "key")
+_IDS = _KnownGood(lambda value: check_id(value, "id", required=False))
+_PATH_IDS = _KnownGood(lambda value: check_path_id(value, "id", required=False))
+_CHANNEL_KEYS = _KnownGood(lambda value: check_path_id(value, "key"))
 """Map keys that are channels: never empty (as :func:`_check_map` says)."""
 
 
