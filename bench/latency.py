@@ -139,8 +139,9 @@ class Workload:
             return dict(taxi.reference(taxi.generate(records)))
         cycles, rest = divmod(records, len(self.pool))
         counts: Counter[str] = Counter()
-        for word, n in wordcount.reference(self.pool).items():
-            counts[word] += n * cycles
+        if cycles:  # a word the run never reached has no row, not a row of 0
+            for word, n in wordcount.reference(self.pool).items():
+                counts[word] += n * cycles
         counts.update(wordcount.reference(self.pool[:rest]))
         return dict(counts)
 
