@@ -8,6 +8,8 @@ as the worker's servicer does.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -84,3 +86,14 @@ async def test_reports_of_several_tasks_for_one_host_share_a_call(
     assert found.calls == [4]
     assert sorted(found.reporters) == [f"{JOB}/t1/p{p}" for p in range(4)]
     assert reporter.calls.calls == 1
+
+
+def test_the_worker_loads_what_the_first_report_would_import_at_start_up() -> None:
+    """The first ``np.unique`` of a process imports ``numpy.ma`` (about 8 ms
+    of a busy event loop, in a job's first tracking report). Importing the
+    reporter's module loads it, so a worker pays it before it serves jobs."""
+    probe = ("import sys; import services.worker.trackers; "
+             "print('numpy.ma' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=60)
+    assert out.stdout.strip() == "True"
