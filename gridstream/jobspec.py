@@ -12,21 +12,20 @@ A job file looks like::
     name = "parse"
     kind = "map"
     function = "gridstream.examples.taxi:parse_position"
-
     [[stages]]
     name = "track"
     kind = "reduce"
     key = "gridstream.examples.taxi:device_of"
     function = "gridstream.examples.taxi:append_position"
     initial = ""
-
+    prepartitioned = true      # optional: sent keyed by device, no shuffle
     [[stages]]
     name = "store"
     kind = "sink"
 
-The runtime cuts the pipeline into *tasks* at every keyed stage: the stages of
-a task run chained in one JobOperator per partition; between tasks, records
-shuffle by key to the partition's owner.
+The runtime cuts the pipeline into *tasks* at every keyed stage that is not
+prepartitioned: a task's stages run chained in one JobOperator per
+partition; between tasks, records shuffle by key to the partition's owner.
 
 A job may also be a graph (a DAG): a stage names the stages it reads with
 ``inputs = ["parse"]`` (several names: a union; ``"@source"``: the records
@@ -55,7 +54,7 @@ from typing import Any
 from gridstream.config import ClusterConfig
 from gridstream.errors import InvalidArgument, PermissionDenied
 from gridstream.filesink import check_file_params
-from gridstream.timers import check_event_time, event_paths
+from gridstream.timers import TIMERS, check_event_time, event_paths
 from gridstream.v1 import common_pb2
 from gridstream.validation import MAX_NESTING, json_nesting_depth, nesting_depth, short
 
@@ -80,35 +79,28 @@ SINK_MODES: dict[str, int] = {
 }
 """What a sink keeps: the latest value per key, or every record (in the
 results table, or in files: :mod:`gridstream.filesink`)."""
-
 SINK_MODE_NAMES = {v: k for k, v in SINK_MODES.items()}
 
 SOURCE = "@source"
 """The name a stage's ``inputs`` give the records sent to the job (no stage
 can be called that: stage names have no '@')."""
-
 DELIVERY_MODES: dict[str, int] = {
     "exactly_once": common_pb2.DELIVERY_MODE_EXACTLY_ONCE,
     "at_least_once": common_pb2.DELIVERY_MODE_AT_LEAST_ONCE,
     "at_most_once": common_pb2.DELIVERY_MODE_AT_MOST_ONCE,
 }
 DELIVERY_NAMES = {v: k for k, v in DELIVERY_MODES.items()}
-
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
 MAX_IMPORT_PATH_CHARS = 256
 """Longest ``package.module:function`` a stage may name."""
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# The most a job may ask for: a submit never makes a member hold unbounded data.
 MAX_PARTITIONS = 4096
 MAX_STAGES = 64
-"""Most stages a job may have."""
-MAX_WINDOW_SIZE = 100_000_000
-"""Largest window_size a job may ask for."""
-MAX_TRACKING_TIMEOUT_S = 86_400.0
-"""Longest tracking_timeout_s a job may ask for (a day)."""
-MAX_INITIAL_JSON_BYTES = 1024 * 1024
-"""Largest ``initial`` value of a stage, as JSON."""
-MAX_PARAMS_JSON_BYTES = 1024 * 1024
-"""Largest ``params`` of a stage, as JSON."""
+MAX_WINDOW_SIZE = 100_000_000  # records per window snapshot
+MAX_TRACKING_TIMEOUT_S = 86_400.0  # a day
+MAX_INITIAL_JSON_BYTES = 1024 * 1024  # a stage's ``initial``, as JSON
+MAX_PARAMS_JSON_BYTES = 1024 * 1024  # a stage's ``params``, as JSON
 
 DEFAULT_JOB_MODULES: tuple[str, ...] = ClusterConfig().job_modules
 """What jobs may name when the cluster's config says nothing (cluster.job_modules)."""
@@ -198,6 +190,8 @@ class Stage:
     mode: str = "latest"
     """A sink's mode: ``latest`` (one row per key), ``append`` (every record)
     or ``files`` (every record, in files; params ``path`` and ``format``)."""
+    prepartitioned: bool = False
+    """Sent keyed by this stage's key: no shuffle before it (docs/jobs.md)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, str) or self.kind not in STAGE_KINDS:
@@ -249,6 +243,7 @@ class JobSpec:
                     # what it was before sinks had modes.
                     sink_mode=(SINK_MODES[s.mode]  # type: ignore[arg-type]
                                if s.mode != "latest" else common_pb2.SINK_MODE_UNSPECIFIED),
+                    prepartitioned=s.prepartitioned,
                 )
                 for s in self.stages
             ],
@@ -273,7 +268,7 @@ class JobSpec:
             mode = SINK_MODE_NAMES.get(s.sink_mode or common_pb2.SINK_MODE_LATEST)
             _require(mode is not None, f"{where}: unknown sink_mode {s.sink_mode}")
             stages.append(Stage(s.name, KIND_NAMES[s.kind], s.function, s.key, initial,
-                                tuple(s.inputs), params or {}, str(mode)))
+                                tuple(s.inputs), params or {}, str(mode), s.prepartitioned))
         delivery = DELIVERY_NAMES.get(spec.delivery or common_pb2.DELIVERY_MODE_EXACTLY_ONCE)
         if delivery is None:
             raise InvalidArgument(f"unknown delivery mode {spec.delivery}")
@@ -374,6 +369,9 @@ def check_stage(stage: Stage, where: str) -> None:
                  f"{where}: a {stage.kind} stage needs key = 'package.module:function'")
     else:
         _require(not stage.key, f"{where}: only reduce and stateful stages take a key")
+    _require(not stage.prepartitioned or (stage.kind in ("reduce", "stateful")
+                                          and TIMERS not in stage.params),
+             f"{where}: only a reduce, or a stateful stage without timers, is prepartitioned")
     check_event_time(stage, where)  # a window's or join's params.window, a stateful's timers
     _require(stage.kind != "reduce" or stage.initial is not None,
              f"{where}: a reduce needs an initial accumulator, the value its function "
@@ -538,7 +536,7 @@ def from_mapping(data: dict[str, Any], source: str = "job") -> JobSpec:
     for i, raw in enumerate(raw_stages):  # type: ignore[arg-type]
         _require(isinstance(raw, dict), f"{source}: stage {i} must be a table")
         unknown = set(raw) - {"name", "kind", "function", "key", "initial", "inputs",
-                              "params", "mode"}
+                              "params", "mode", "prepartitioned"}
         _require(not unknown,
                  f"{source}: stage {i}: unknown keys {', '.join(sorted(unknown))}")
         for text_key in ("name", "kind", "function", "key", "mode"):
@@ -551,6 +549,8 @@ def from_mapping(data: dict[str, Any], source: str = "job") -> JobSpec:
         params = raw.get("params", {})
         _require(isinstance(params, dict), f"{source}: stage {i}: params must be a table, "
                  "e.g. params = { threshold = 3 }")
+        _require(isinstance(raw.get("prepartitioned", False), bool),
+                 f"{source}: stage {i}: prepartitioned must be true or false")
         try:
             stage = Stage(
                 name=raw.get("name", f"stage{i}"),
@@ -561,6 +561,7 @@ def from_mapping(data: dict[str, Any], source: str = "job") -> JobSpec:
                 inputs=tuple(inputs),
                 params=params,
                 mode=raw.get("mode", "latest"),
+                prepartitioned=raw.get("prepartitioned", False),
             )
         except InvalidArgument as exc:
             raise InvalidArgument(f"{source}: stage {i}: {exc}") from None

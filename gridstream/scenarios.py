@@ -219,7 +219,7 @@ async def run_history(
     tracking_timeout_s: float = 0.0,
     isolate: bool = False,
     state_keys: int = 0,
-    graph: bool = False,
+    graph: bool = False, prepartitioned: bool = False,
 ) -> HistoryRun:
     """Runs the history job on a fresh supervised local cluster through the
     scenario; returns the faults and the checker's verdict.
@@ -232,7 +232,7 @@ async def run_history(
     With ``graph``, the job is :mod:`gridstream.examples.history_graph` (a
     fan-out to three branches, a union, three sinks): its fold is judged as
     the history job's, and its other branches per key against the
-    fault-free reference (``HistoryRun.branches``)."""
+    fault-free reference (``HistoryRun.branches``); ``prepartitioned``: one task."""
     rng = random.Random(seed)
     send_keys, values = history.generate(records, keys, seed)
     sent = history.sent_counts(values)
@@ -248,7 +248,7 @@ async def run_history(
             stack.push_async_callback(proxy.close)
         client = await stack.enter_async_context(
             Client(cluster.scheduler_address, batch_size=250, security=cluster.config.security))
-        spec = history_graph.job() if graph else history.job()
+        spec = history_graph.job() if graph else history.job(prepartitioned=prepartitioned)
         if tracking_timeout_s:
             spec = replace(spec, tracking_timeout_s=tracking_timeout_s)
         job_id = await client.submit(spec)

@@ -2,9 +2,10 @@
 
 A *task* is a chain of stages that runs in one JobContainer and one
 JobOperator per partition. A stage joins the task of its input when records
-can flow into it without leaving the partition's chain: it is not keyed, it
-reads one input, and that input feeds no other stage. Otherwise it starts a
-task of its own:
+can flow into it without leaving the partition's chain: it is not keyed (or
+it is a prepartitioned one: its records are already in their key's
+partition), it reads one input, and that input feeds no other stage.
+Otherwise it starts a task of its own:
 
 - a keyed stage (``reduce``, ``stateful``): records shuffle by key;
 - a stage with several inputs (a union): each input's task sends to it;
@@ -94,7 +95,8 @@ def plan_graph(job: JobSpec) -> GraphPlan:
     edges: list[list[Edge]] = [[]]
     feeds: list[list[int]] = [[]]
     for stage, names in zip(job.stages, inputs, strict=True):
-        if not stage.keyed and len(names) == 1 and readers[names[0]] == 1:
+        if ((not stage.keyed or stage.prepartitioned) and len(names) == 1
+                and readers[names[0]] == 1):
             task = task_of[names[0]]
             stages[task].append(stage)
         else:
@@ -144,7 +146,7 @@ def sink_rows(job: JobSpec, rows: dict[str, object], sink: str) -> dict[str, obj
 def results_from_state(job: JobSpec, stages: tuple[Stage, ...] | list[Stage]) -> str | None:
     """The stage whose keyed state *is* a task's sink rows, or None.
 
-    A task that is a reduce into a ``latest`` sink (and nothing else) emits,
+    A task that ends in a reduce into a ``latest`` sink emits,
     for every key it touches, the key's new accumulator, and the sink keeps
     the newest: the rows are the reduce's state. In an exactly_once job
     those rows need not be written a second time: every window's state is
@@ -153,10 +155,11 @@ def results_from_state(job: JobSpec, stages: tuple[Stage, ...] | list[Stage]) ->
     rows from the stored state (``ReadResultsRequest.from_state``). Returns
     the reduce's name then. The other modes keep writing rows: an
     at_least_once drain does not wait for windows to be stored, and
-    at_most_once windows close by count only."""
-    if job.delivery != "exactly_once" or len(stages) != 2:
+    at_most_once windows close by count only. Stages before the reduce in
+    the same task (a prepartitioned reduce's maps) change nothing of that."""
+    if job.delivery != "exactly_once" or len(stages) < 2:
         return None
-    reduce, sink = stages
+    reduce, sink = stages[-2:]
     if reduce.kind != "reduce" or reduce.params or sink.kind != "sink" or sink.mode != "latest":
         return None
     return reduce.name

@@ -10,6 +10,7 @@ that made them, never first at submit.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from gridstream.dataflow._functions import FunctionLike, check_call, function_path
@@ -92,7 +93,8 @@ class Dataflow:
 
     def add(self, kind: str, name: str, inputs: tuple[str, ...], fn: FunctionLike | None = None,
             *, key: FunctionLike | None = None, initial: Any = None,
-            params: Mapping[str, Any] | None = None, mode: str = "latest") -> str:
+            params: Mapping[str, Any] | None = None, mode: str = "latest",
+            prepartitioned: bool = False) -> str:
         """Adds one stage reading ``inputs`` and returns its name; raises
         InvalidArgument at once for anything the stage checks refuse."""
         where = f"dataflow {self.name}, operator {name!r}"
@@ -117,7 +119,8 @@ class Dataflow:
             key_path = function_path(key, f"{where}, key")
             check_call(key, 1, {}, f"{where}, key")
         try:
-            stage = Stage(name, kind, function, key_path, initial, inputs, params, mode)
+            stage = Stage(name, kind, function, key_path, initial, inputs, params, mode,
+                          prepartitioned)
         except InvalidArgument as exc:
             raise InvalidArgument(f"{where}: {exc}") from None
         check_stage(stage, where)
@@ -133,8 +136,7 @@ class Dataflow:
         for i, stage in enumerate(self._stages):
             default = (SOURCE,) if i == 0 else (self._stages[i - 1].name,)
             inputs = () if stage.inputs == default else stage.inputs
-            stages.append(Stage(stage.name, stage.kind, stage.function, stage.key,
-                                stage.initial, inputs, stage.params, stage.mode))
+            stages.append(replace(stage, inputs=inputs))
         if not stages:
             raise InvalidArgument(f"dataflow {self.name} has no operators; add some to "
                                   "flow.source() and end each branch with .sink(...)")

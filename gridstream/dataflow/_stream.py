@@ -44,6 +44,7 @@ from gridstream.dataflow._windows import (
     add_window_join,
     window_params,
 )
+from gridstream.errors import InvalidArgument
 
 Params = Mapping[str, Any] | None
 
@@ -136,12 +137,18 @@ class Stream:
                                         fn, how, window, params)
         return WindowedStream(self.flow, (joined,), stage)
 
-    def key_by(self, key: FunctionLike) -> KeyedStream:
+    def key_by(self, key: FunctionLike, *, prepartitioned: bool = False) -> KeyedStream:
         """The same records, to be grouped by ``key(value)`` (a str, int or
         bytes) by the next keyed operator: on the cluster the key function
         runs on the upstream side and records shuffle to the key's partition,
-        so each key's records are processed in order by one worker."""
-        return KeyedStream(self.flow, self.inputs, key, self.timing)
+        so each key's records are processed in order by one worker.
+
+        ``prepartitioned=True`` says the records are already in their key's
+        partition (the client sends them with ``keys`` that are this key),
+        so the next ``reduce`` or ``stateful`` (without timers) runs where
+        they are, with no shuffle; a record found in another partition than
+        its key's goes to dead letters (docs/dataflow.md)."""
+        return KeyedStream(self.flow, self.inputs, key, self.timing, prepartitioned)
 
     def reduce(self, name: str, fn: FunctionLike, *, key: FunctionLike, initial: Any = None,
                params: Params = None) -> Stream:
@@ -186,12 +193,13 @@ class KeyedStream:
     """A stream with the key function its next keyed operator groups by."""
 
     def __init__(self, flow: Dataflow, inputs: tuple[str, ...], key: FunctionLike,
-                 timing: Timing | None = None) -> None:
+                 timing: Timing | None = None, prepartitioned: bool = False) -> None:
         """Made by :meth:`Stream.key_by`."""
         self.flow = flow
         self.inputs = inputs
         self.key = key
         self.timing = timing
+        self.prepartitioned = prepartitioned
 
     def window(self, name: str, fn: FunctionLike, *, initial: Any = None,
                tumbling: float | None = None, sliding: tuple[float, float] | None = None,
@@ -203,6 +211,7 @@ class KeyedStream:
         Give one of ``tumbling=size``, ``sliding=(size, slide)`` or
         ``session=gap``. Records whose windows have fired are the side output
         :meth:`WindowedStream.late`."""
+        self._not_prepartitioned(name)
         config = window_params(self.flow, name, self.timing, tumbling, sliding, session,
                                lateness)
         stage, fired = add_window(self.flow, name, self.inputs, fn, self.key, initial,
@@ -223,6 +232,7 @@ class KeyedStream:
         looking at neighbours), at the price of holding every record of an
         open window in the state. A function that raises sends the window
         to the dead letters. Late records are :meth:`WindowedStream.late`."""
+        self._not_prepartitioned(name)
         config = window_params(self.flow, name, self.timing, tumbling, sliding, session,
                                lateness)
         config["process"] = True
@@ -231,11 +241,18 @@ class KeyedStream:
         timing = Timing(WINDOW_START_FN, 0, config.get("idle_timeout"))
         return WindowedStream(self.flow, (fired,), stage, timing)
 
+    def _not_prepartitioned(self, name: str) -> None:
+        """Windows always shuffle: a prepartitioned key is refused, not ignored."""
+        if self.prepartitioned:
+            raise InvalidArgument(f"dataflow {self.flow.name}, operator {name!r}: only "
+                                  "reduce and stateful run prepartitioned; key the stream "
+                                  "without prepartitioned=True for a window")
+
     def reduce(self, name: str, fn: FunctionLike, *, initial: Any = None,
                params: Params = None) -> Stream:
         """:meth:`Stream.reduce` with this stream's key."""
         added = self.flow.add("reduce", name, self.inputs, fn, key=self.key, initial=initial,
-                              params=params)
+                              params=params, prepartitioned=self.prepartitioned)
         return Stream(self.flow, (added,))
 
     def stateful(self, name: str, fn: FunctionLike, *, initial: Any = None,
@@ -255,7 +272,7 @@ class KeyedStream:
         if on_timer is not None or context:
             params = timed_params(self.flow, name, self.timing, on_timer, params)
         added = self.flow.add("stateful", name, self.inputs, fn, key=self.key,
-                              initial=initial, params=params)
+                              initial=initial, params=params, prepartitioned=self.prepartitioned)
         return Stream(self.flow, (added,))
 
 

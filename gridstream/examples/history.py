@@ -45,8 +45,11 @@ def fold(summary: Summary, record: Any) -> Summary:
     return [count + 1, sequence, inversions, total + sequence, squares + sequence * sequence]
 
 
-def job(partitions: int = 0, window_size: int = 0, delivery: str = "exactly_once") -> JobSpec:
-    """The history job: stamp, shuffle by key, fold, keep the latest summary per key."""
+def job(partitions: int = 0, window_size: int = 0, delivery: str = "exactly_once",
+        prepartitioned: bool = False) -> JobSpec:
+    """The history job: stamp, shuffle by key, fold, keep the latest summary
+    per key. ``prepartitioned``: records are sent keyed by their key, so the
+    fold runs in stamp's task with no shuffle (one task instead of two)."""
     return JobSpec(
         name="history",
         partitions=partitions,
@@ -55,7 +58,8 @@ def job(partitions: int = 0, window_size: int = 0, delivery: str = "exactly_once
         stages=(
             Stage("stamp", "map", "gridstream.examples.history:stamp"),
             Stage("fold", "reduce", "gridstream.examples.history:fold",
-                  key="gridstream.examples.history:key_of", initial=list(EMPTY)),
+                  key="gridstream.examples.history:key_of", initial=list(EMPTY),
+                  prepartitioned=prepartitioned),
             Stage("store", "sink"),
         ),
     )

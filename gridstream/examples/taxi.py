@@ -58,8 +58,12 @@ def append_position(track: str, position: list[Any]) -> str:
     return track + str(position[1])
 
 
-def job(partitions: int = 0, window_size: int = 0, delivery: str = "exactly_once") -> JobSpec:
-    """The taxi job."""
+def job(partitions: int = 0, window_size: int = 0, delivery: str = "exactly_once",
+        prepartitioned: bool = False) -> JobSpec:
+    """The taxi job. ``prepartitioned``: the records are sent keyed by their
+    device (as :func:`keyed` keys them), so ``track`` runs in ``parse``'s task
+    with no shuffle between them (docs/jobs.md); records sent otherwise go
+    to dead letters."""
     return JobSpec(
         name="taxi",
         partitions=partitions,
@@ -68,7 +72,8 @@ def job(partitions: int = 0, window_size: int = 0, delivery: str = "exactly_once
         stages=(
             Stage("parse", "map", "gridstream.examples.taxi:parse_position"),
             Stage("track", "reduce", "gridstream.examples.taxi:append_position",
-                  key="gridstream.examples.taxi:device_of", initial=""),
+                  key="gridstream.examples.taxi:device_of", initial="",
+                  prepartitioned=prepartitioned),
             Stage("store", "sink"),
         ),
     )

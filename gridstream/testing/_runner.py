@@ -215,7 +215,7 @@ class _Run:
         if found is None:
             where = f"job {self.job.name}, task {task.index}"
             found = self._chains[(task.index, partition)] = OperatorChain(
-                list(task.stages), where)
+                list(task.stages), where, placement=(partition, self.job.partitions))
         return found
 
     def inputs(self, task: TaskPlan, partition: int) -> tuple[str, ...] | None:

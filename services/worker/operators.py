@@ -21,6 +21,7 @@ from typing import Any
 
 from gridstream.deadletters import encode_error, encode_record
 from gridstream.eventtime import user_params, window_config
+from gridstream.ids import partition_for_key
 from gridstream.jobspec import Stage, resolve
 from gridstream.timers import TIMERS, timer_config
 from gridstream.timers import user_params as timer_params
@@ -35,6 +36,10 @@ DeadLetter = tuple[str, str, str, str]
 """(id, stage, record, error), record and error as gridstream.deadletters stores them."""
 _IMMUTABLE = (str, int, float, bool, bytes, type(None), tuple)
 _VALID_KEY = (str, int, bytes)
+PLAIN_KEY_SET = frozenset(_VALID_KEY)
+"""The exact types of keys routed as they are (a subclass is converted first)."""
+KEY_CACHE_LIMIT = 200_000
+"""Distinct keys whose partition a task remembers before it starts again."""
 
 
 @dataclass
@@ -81,8 +86,12 @@ class _DeadLetters:
         self.batch_id = batch_id
         self.out = out
 
-    def add(self, stage: str, index: int, key: Any, value: Any, exc: BaseException) -> None:
-        self.out.append((f"{self.batch_id}:{stage}:{index}", stage, encode_record(key, value),
+    def add(self, stage: str, index: int, key: Any, value: Any, exc: BaseException,
+            step: str = "") -> None:
+        """``step`` tells apart the ids of a stage's own failures and of the
+        checks before it (``.key``, ``.partition``), as a shuffle's do."""
+        self.out.append((f"{self.batch_id}:{stage}{step}:{index}", stage,
+                         encode_record(key, value),
                          encode_error(exc, len(self.out) < TRACEBACKS_PER_BATCH)))
 
 
@@ -219,6 +228,63 @@ def _reduce(stage: Stage, fn: Callable[[Any, Any], Any], state: dict[Any, Any],
     return run
 
 
+class MisroutedRecord(ValueError):
+    """A record of a prepartitioned stage found outside its key's partition."""
+
+
+def _keyed_here(stage: Stage, key_fn: Callable[[Any], Any],
+                placement: tuple[int, int] | None, where: str) -> StageFn:
+    """Keys the records of a prepartitioned stage, which runs in its input's
+    task (no shuffle computed their keys), and checks that every key belongs
+    to this partition, as the client's keys promised. A record whose key
+    function fails, or whose key belongs to another partition, goes to dead
+    letters: folded here, its key's state would be split over two
+    partitions and its results would be wrong without a word."""
+    home: dict[Any, int] = {}
+
+    def run(keys: Keys, values: Values, dead: _DeadLetters) -> tuple[Keys, Values]:
+        if placement is None:  # a chain that only holds state (a standby's)
+            raise RuntimeError(f"{where}: a chain built without its partition cannot run "
+                               f"the prepartitioned stage {stage.name}")
+        partition, partitions = placement
+        if len(home) > KEY_CACHE_LIMIT:
+            home.clear()
+        try:
+            computed = [key_fn(v) for v in values]
+            plain = PLAIN_KEY_SET.issuperset(map(type, computed))
+        except Exception:
+            plain = False
+        if plain:
+            distinct = set(computed)
+            for k in distinct - home.keys():
+                home[k] = partition_for_key(k, partitions)
+            if all(home[k] == partition for k in distinct):
+                return computed, values
+        out_k: list[Any] = []
+        out_v: list[Any] = []
+        for i, v in enumerate(values):
+            try:
+                k = plain_key(key_fn(v))
+            except Exception as exc:
+                dead.add(stage.name, i, None, v, exc, ".key")
+                continue
+            p = home.get(k)
+            if p is None:
+                p = home[k] = partition_for_key(k, partitions)
+            if p != partition:
+                dead.add(stage.name, i, k, v, MisroutedRecord(
+                    f"stage {stage.name} is prepartitioned, but the key "
+                    f"{safe_text(repr(k))} belongs to partition {p} and its record was sent "
+                    f"to partition {partition}: send the records keyed by the stage's key "
+                    f"({stage.key}), or drop prepartitioned to shuffle them"), ".partition")
+                continue
+            out_k.append(k)
+            out_v.append(v)
+        return out_k, out_v
+
+    return run
+
+
 def _stateful(stage: Stage, fn: Callable[[Any, Any], Any], state: dict[Any, Any],
               touched: set[Any]) -> StageFn:
     initial = stage.initial
@@ -257,7 +323,10 @@ class OperatorChain:
     window snapshot carries only those (see :mod:`services.worker.snapshots`).
     """
 
-    def __init__(self, stages: list[Stage], where: str, rows_wanted: bool = True) -> None:
+    def __init__(self, stages: list[Stage], where: str, rows_wanted: bool = True,
+                 placement: tuple[int, int] | None = None) -> None:
+        """``placement`` is the chain's (partition, partitions): a
+        prepartitioned stage inside the chain checks its keys against it."""
         self.stages = stages
         self.states: dict[str, dict[Any, Any]] = {}
         self.touched: dict[str, set[Any]] = {}
@@ -292,6 +361,9 @@ class OperatorChain:
                 continue
             if stage.params:  # params travel as data: fn(..., **params) on every call
                 fn = functools.partial(fn, **stage.params)
+            if stage.prepartitioned and stage is not stages[0]:  # no shuffle keyed them
+                key_fn = resolve(stage.key, f"{where}, stage {stage.name}, key")
+                self._steps.append(_keyed_here(stage, key_fn, placement, where))
             if stage.kind == "map":
                 self._steps.append(_map(stage, fn))
             elif stage.kind == "filter":
@@ -472,3 +544,16 @@ StateDelta = dict[str, dict[Any, Any]]
 def check_key(key: Any) -> bool:
     """True when a key function's result can key a record (str, int or bytes)."""
     return isinstance(key, _VALID_KEY) and not isinstance(key, bool)
+
+
+def plain_key(key: Any) -> Any:
+    """A key function's result as a plain str, int or bytes: a subclass's own
+    hashing or repr (which may raise) never runs in gridstream's routing."""
+    if type(key) in PLAIN_KEY_SET:
+        return key
+    if not check_key(key):
+        raise TypeError(f"key function returned {type(key).__name__}; "
+                        "keys must be str, int or bytes")
+    if isinstance(key, str):
+        return str.__str__(key)
+    return int(key) if isinstance(key, int) else bytes(key)

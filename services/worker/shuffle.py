@@ -17,26 +17,15 @@ from gridstream.codec import PayloadError, encode_batch
 from gridstream.combiners import Partials
 from gridstream.deadletters import encode_error, encode_message, encode_record
 from gridstream.ids import partition_for_key
-from services.worker.operators import TRACEBACKS_PER_BATCH, DeadLetter, check_key, safe_text
+from services.worker.operators import (
+    KEY_CACHE_LIMIT,
+    PLAIN_KEY_SET,
+    TRACEBACKS_PER_BATCH,
+    DeadLetter,
+    plain_key,
+    safe_text,
+)
 from services.worker.peers import OutSegment, PeerRouter
-
-_CACHE_LIMIT = 200_000
-_PLAIN_KEYS = (str, int, bytes)
-_PLAIN_KEY_SET = frozenset(_PLAIN_KEYS)
-"""The exact types of keys routed as they are (a subclass is converted first)."""
-
-
-def _plain_key(key: Any) -> Any:
-    """A key function's result as a plain str, int or bytes: a subclass's own
-    hashing or repr (which may raise) never runs in gridstream's routing."""
-    if type(key) in _PLAIN_KEYS:
-        return key
-    if not check_key(key):
-        raise TypeError(f"key function returned {type(key).__name__}; "
-                        "keys must be str, int or bytes")
-    if isinstance(key, str):
-        return str.__str__(key)
-    return int(key) if isinstance(key, int) else bytes(key)
 
 
 class Shuffle:
@@ -74,7 +63,7 @@ class Shuffle:
         try:
             # A record keyed by itself (wordcount's words) needs no call per record.
             keys = values if key_fn is identity else [key_fn(v) for v in values]
-            if _PLAIN_KEY_SET.issuperset(map(type, keys)):  # every key a plain str, int, bytes
+            if PLAIN_KEY_SET.issuperset(map(type, keys)):  # every key a plain str, int, bytes
                 return keys, values
         except Exception:
             pass
@@ -82,7 +71,7 @@ class Shuffle:
         out_v: list[Any] = []
         for i, v in enumerate(values):
             try:
-                k = _plain_key(key_fn(v))
+                k = plain_key(key_fn(v))
             except Exception as exc:
                 traced = len(dead) < TRACEBACKS_PER_BATCH
                 dead.append((f"{batch_id}:{self.dest_stage}.key:{i}", self.dest_stage,
@@ -104,7 +93,7 @@ class Shuffle:
             keys, partials = self.combine(values, values)
         except Exception:  # an unhashable record, or a subclass's hashing failing
             return None
-        if not _PLAIN_KEY_SET.issuperset(map(type, keys)):
+        if not PLAIN_KEY_SET.issuperset(map(type, keys)):
             return None
         return keys, partials
 
@@ -120,7 +109,7 @@ class Shuffle:
             if self.combine is not None:
                 keys, values = self.combine(keys, values)
         partition_of = self._partition_of
-        if len(partition_of) > _CACHE_LIMIT:
+        if len(partition_of) > KEY_CACHE_LIMIT:
             partition_of.clear()
         buckets = self._buckets(keys, values)
         segments: list[OutSegment] = []

@@ -173,11 +173,16 @@ class StandbyStore:
         """Whether this worker keeps a standby of the partition now."""
         return self.node_id in self.routing.standby_holders(job_id, partition, self.backup_count)
 
-    def _make_chain(self, job_id: str, task: int) -> OperatorChain | None:
+    def _make_chain(self, job_id: str, task: int, partition: int) -> OperatorChain | None:
+        """The operators a standby keeps (and a takeover adopts and runs: so
+        with their placement, which a prepartitioned stage checks keys by)."""
         tasks = self._job_tasks(job_id)
-        if tasks is None or task >= len(tasks) or not any(s.keyed for s in tasks[task]):
+        partitions = len(self.routing.owners.get(job_id) or [])  # as the routing counts them
+        if (tasks is None or task >= len(tasks) or not any(s.keyed for s in tasks[task])
+                or partition >= partitions):
             return None
-        return OperatorChain(tasks[task], f"standby of job {job_id}, task {task}")
+        return OperatorChain(tasks[task], f"standby of job {job_id}, task {task}",
+                             placement=(partition, partitions))
 
     def attach(self, runner: TaskRunner) -> None:
         """Gives a task starting here its standby (if this worker held one)
@@ -206,7 +211,7 @@ class StandbyStore:
             return worker_pb2.ShipStateResponse()
         standby = self.standbys.get(key)
         if standby is None:
-            chain = self._make_chain(request.job_id, request.task)
+            chain = self._make_chain(request.job_id, request.task, request.partition)
             if chain is None:
                 return worker_pb2.ShipStateResponse()
             standby = self.standbys[key] = Standby(chain)

@@ -128,7 +128,7 @@ class TaskRunner:
         stages = tasks[task_index]
         self.rows_from_state = results_from_state(spec, stages) is not None  # none written
         self.chain = OperatorChain(stages, f"job {spec.name}, task {task_index}",
-                                   rows_wanted=not self.rows_from_state)
+                                   not self.rows_from_state, (partition, spec.partitions))
         self.outbound = Outbound.of_task(job_id, spec, task_index, partition,
                                          task_channel(task_index, partition), router,
                                          batch_records)

@@ -56,6 +56,18 @@ async def test_kills_pauses_and_a_kill_during_a_restore(tmp_path: Path) -> None:
     assert again.incarnations != first.incarnations  # the restarted process
 
 
+async def test_kills_and_a_pause_on_a_prepartitioned_fold(tmp_path: Path) -> None:
+    # The fold runs in the task that receives the records (sent keyed by its
+    # key, no shuffle): a kill takes the fold's state and its input queue at
+    # once, and a restore replays the queue into the restored fold. The same
+    # worker killed twice in a row, a pause past detection, another kill.
+    steps = [Step("kill", 2.5), Step("kill", 4.0, again=True),
+             Step("pause", 7.0, pause_s=3.5), Step("kill", 11.5)]
+    run = await run_history(steps, tmp_path, records=40_000, stream_s=14.0,
+                            config=config(), seed=7, prepartitioned=True)
+    assert_exact(run)
+
+
 async def test_two_simultaneous_kills_with_backup_count_two(tmp_path: Path) -> None:
     # f = 2: two workers killed 100 ms apart lose nothing (every acknowledged
     # batch is on three workers), twice in a row.

@@ -33,6 +33,33 @@ async def test_taxi_matches_the_reference(client: Client) -> None:
     assert sum(t.windows_persisted for t in progress.tasks) >= len(records) // 2_000 // 2
 
 
+async def test_taxi_prepartitioned_runs_in_one_task_and_matches_the_reference(
+    client: Client,
+) -> None:
+    keys, records = taxi.keyed(30_000, devices=1_000, seed=8)
+    job_id = await client.submit(taxi.job(prepartitioned=True))
+    await client.send(job_id, records, keys)
+    progress = await client.drain(job_id)
+    assert await client.results(job_id) == taxi.reference(records)
+    assert await client._state.read_results(job_id) == {}  # rows from the stored state
+    assert {t.task for t in progress.tasks} == {0}  # parse and track in one task
+    assert sum(t.records_processed for t in progress.tasks) == len(records)
+    assert await client.dead_letters(job_id) == []
+
+
+async def test_records_sent_unkeyed_to_a_prepartitioned_job_are_named_not_folded(
+    client: Client,
+) -> None:
+    _, records = taxi.keyed(2_000, devices=100, seed=9)
+    job_id = await client.submit(taxi.job(prepartitioned=True))
+    await client.send(job_id, records)  # spread over the partitions, not by device
+    await client.drain(job_id)
+    dead = await client.dead_letters(job_id)
+    assert dead and all("MisroutedRecord" in d.error and d.stage == "track" for d in dead)
+    results = await client.results(job_id)
+    assert sum(track.count(";") for track in results.values()) + len(dead) == len(records)
+
+
 async def test_wordcount_matches_the_reference(client: Client) -> None:
     lines = wordcount.generate(50_000, seed=3)
     job_id = await client.submit(wordcount.job())
