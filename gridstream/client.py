@@ -23,7 +23,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterable, Sequence, Sized
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -50,6 +50,7 @@ from gridstream.routing import RoutingView
 from gridstream.taskplan import sink_rows, state_result_sources
 from gridstream.types import DeadLetter, RoutingTable
 from gridstream.v1 import (
+    common_pb2,
     scheduler_pb2,
     scheduler_pb2_grpc,
     worker_pb2,
@@ -80,7 +81,24 @@ and pushed again with the same sequence, so it counts once either way."""
 _MAX_SEGMENT_BYTES = rpc.MAX_MESSAGE_BYTES - 64 * 1024
 """Largest encoded batch the SDK tries to send (gRPC's limit less framing)."""
 
-Batch = tuple[list[Any] | None, list[Any]]
+
+
+class Batch(NamedTuple):
+    """Records for one push to one partition."""
+
+    keys: list[Any] | None
+    values: list[Any]
+    encoded: common_pb2.RecordBatch | None = None
+    """Its wire form, when packed while its records were grouped
+    (:func:`_packed_batches`); None: packed when pushed."""
+
+
+PACK_CHUNK = 16_384
+"""Records of a keyed send grouped by partition, and packed, at a time.
+Packing a partition's records right after grouping them reads them while
+they are in the processor's cache; packing each partition of a whole send
+afterwards reads every Nth record of the send (1,000,000 taxi records in 12
+partitions: 0.32 s against 0.04 s for the same records in send order)."""
 
 
 def _too_large(error: GridstreamError) -> bool:
@@ -218,13 +236,8 @@ class Client(ControlCalls):
                 raise ValueError("keys and values differ in length")
             check_nesting(keys, "key")
             check_nesting(values, "record")
-            grouped = _group_by_partition(keys, values, partitions)
-            for p, (bk, bv) in grouped.items():
-                for start in range(0, len(bv), self.batch_size):
-                    per_partition.setdefault(p, []).append(
-                        (bk[start:start + self.batch_size], bv[start:start + self.batch_size])
-                    )
-                total += len(bv)
+            per_partition = _packed_batches(keys, values, partitions, self.batch_size)
+            total = len(values)
         else:
             if not isinstance(values, Sized):
                 values = list(values)  # every batch is held until acknowledged anyway
@@ -234,7 +247,7 @@ class Client(ControlCalls):
             while chunk := list(itertools.islice(iterator, size)):
                 check_nesting(chunk, "record")
                 p = next(turn) % partitions
-                per_partition.setdefault(p, []).append((None, chunk))
+                per_partition.setdefault(p, []).append(Batch(None, chunk))
                 total += len(chunk)
         order = sorted(per_partition)
         if producer is not None and first_sequence is not None:
@@ -300,8 +313,9 @@ class Client(ControlCalls):
                  can_split: bool) -> worker_pb2.Segment | None:
         """The wire form of a batch; None when it is too large for any push and
         can be split; an error naming the limit when a single record is."""
-        keys, values = batch
-        encoded = codec.encode_batch(values, keys)
+        keys, values, encoded = batch
+        if encoded is None:
+            encoded = codec.encode_batch(values, keys)
         if encoded.ByteSize() > _MAX_SEGMENT_BYTES:
             if can_split and len(values) > 1:
                 return None
@@ -477,13 +491,47 @@ class Client(ControlCalls):
                 for entry in await self._state.read_dead_letters(job_id)]
 
 
-def _group_by_partition(keys: Sequence[Any], values: list[Any], partitions: int
+def _packed_batches(keys: Sequence[Any], values: list[Any], partitions: int,
+                    batch_size: int) -> dict[int, list[Batch]]:
+    """A keyed send's batches per partition, each at most ``batch_size``
+    records in record order, packed :data:`PACK_CHUNK` records at a time
+    (:func:`gridstream.codec.batch_of_runs` joins the runs)."""
+    runs: dict[int, list[tuple[list[Any], list[Any], bytes, bytes]]] = {}
+    counts: dict[int, int] = {}
+    out: dict[int, list[Batch]] = {}
+    known: dict[str, int] = {}
+
+    def close(p: int) -> None:
+        parts = runs.pop(p)
+        out.setdefault(p, []).append(Batch(
+            list(itertools.chain.from_iterable(r[0] for r in parts)),
+            list(itertools.chain.from_iterable(r[1] for r in parts)),
+            codec.batch_of_runs(counts.pop(p), [r[2] for r in parts], [r[3] for r in parts])))
+
+    step = min(PACK_CHUNK, batch_size)  # a run always fits in an empty batch
+    for start in range(0, len(values), step):
+        grouped = _group_by_partition(keys[start:start + step], values[start:start + step],
+                                      partitions, known)
+        for p, (bk, bv) in grouped.items():
+            if counts.get(p, 0) + len(bv) > batch_size:
+                close(p)
+            runs.setdefault(p, []).append((bk, bv, codec.packed_items(bk),
+                                           codec.packed_items(bv)))
+            counts[p] = counts.get(p, 0) + len(bv)
+    for p in list(runs):
+        close(p)
+    return {p: out[p] for p in sorted(out)}
+
+
+def _group_by_partition(keys: Sequence[Any], values: list[Any], partitions: int,
+                        known: dict[str, int] | None = None
                         ) -> dict[int, tuple[list[Any], list[Any]]]:
     """Keys and values per partition (:func:`partition_for_key`), in record
     order, partitions in ascending order. A str key's partition is computed
-    once per distinct key (only exact str keys are remembered: ``1``, ``1.0``
-    and ``True`` are equal as dict keys but not as partition keys)."""
-    known: dict[str, int] = {}
+    once per distinct key (only exact str keys are remembered in ``known``:
+    ``1``, ``1.0`` and ``True`` are equal as dict keys but not as partition
+    keys)."""
+    known = {} if known is None else known
     bucket_keys: list[list[Any]] = [[] for _ in range(partitions)]
     bucket_values: list[list[Any]] = [[] for _ in range(partitions)]
     for k, v in zip(keys, values, strict=True):
@@ -508,11 +556,11 @@ def unkeyed_batch_size(batch_size: int, count: int, partitions: int) -> int:
 
 
 def _halves(batch: Batch) -> list[Batch]:
-    """A batch cut in two, keys with their values."""
-    keys, values = batch
+    """A batch cut in two, keys with their values (each packed when pushed)."""
+    keys, values, _ = batch
     middle = len(values) // 2
-    return [(None if keys is None else keys[:middle], values[:middle]),
-            (None if keys is None else keys[middle:], values[middle:])]
+    return [Batch(None if keys is None else keys[:middle], values[:middle]),
+            Batch(None if keys is None else keys[middle:], values[middle:])]
 
 
 __all__ = ["DEFAULT_BATCH_SIZE", "Client", "GridstreamError"]

@@ -40,6 +40,37 @@ def encode_batch(
     )
 
 
+def packed_items(items: list[Any]) -> bytes:
+    """The msgpack of a list's items without the array's header: runs packed
+    apart join into one batch's array (:func:`batch_of_runs`)."""
+    try:
+        packed: bytes = msgpack.packb(items, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise PayloadError(f"records must be msgpack-serialisable (str, bytes, int, float, "
+                           f"bool, None, list, dict): {exc}") from None
+    return packed[len(_array_header(len(items))):]
+
+
+def _array_header(count: int) -> bytes:
+    """msgpack's header of an array of ``count`` items (the shortest form, as
+    ``packb`` writes it)."""
+    if count < 16:
+        return bytes((0x90 | count,))
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+def batch_of_runs(count: int, key_runs: list[bytes] | None,
+                  value_runs: list[bytes]) -> common_pb2.RecordBatch:
+    """The RecordBatch :func:`encode_batch` makes of the records of the runs
+    (:func:`packed_items` of consecutive pieces), byte for byte."""
+    keys = b"\xc0" if key_runs is None else _array_header(count) + b"".join(key_runs)
+    payload = b"".join((b"\x92", keys, _array_header(count), *value_runs))
+    return common_pb2.RecordBatch(
+        encoding=common_pb2.PAYLOAD_ENCODING_MSGPACK_V1, count=count, payload=payload)
+
+
 def decode_batch(batch: common_pb2.RecordBatch) -> tuple[list[Any] | None, list[Any]]:
     """Unpacks a RecordBatch into (keys or None, values), checking its header."""
     if batch.encoding != common_pb2.PAYLOAD_ENCODING_MSGPACK_V1:
