@@ -5,7 +5,8 @@ JobOperator per partition. A stage joins the task of its input when records
 can flow into it without leaving the partition's chain: it is not keyed (or
 it is a prepartitioned one: its records are already in their key's
 partition), it reads one input, and that input feeds no other stage.
-Otherwise it starts a task of its own:
+Otherwise it starts a task of its own (a prepartitioned stage too: records
+then shuffle to it by its key, as to any keyed stage):
 
 - a keyed stage (``reduce``, ``stateful``): records shuffle by key;
 - a stage with several inputs (a union): each input's task sends to it;
@@ -99,9 +100,9 @@ def plan_graph(job: JobSpec) -> GraphPlan:
                 and readers[names[0]] == 1):
             task = task_of[names[0]]
             stages[task].append(stage)
-        else:
+        else:  # a prepartitioned stage starting a task is shuffled as any keyed one
             task = len(stages)
-            stages.append([stage])
+            stages.append([replace(stage, prepartitioned=False)])
             edges.append([])
             feeds.append([])
             for name in names:

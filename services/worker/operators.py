@@ -361,7 +361,7 @@ class OperatorChain:
                 continue
             if stage.params:  # params travel as data: fn(..., **params) on every call
                 fn = functools.partial(fn, **stage.params)
-            if stage.prepartitioned and stage is not stages[0]:  # no shuffle keyed them
+            if stage.prepartitioned:  # keyed here: no shuffle keyed its records by its key
                 key_fn = resolve(stage.key, f"{where}, stage {stage.name}, key")
                 self._steps.append(_keyed_here(stage, key_fn, placement, where))
             if stage.kind == "map":

@@ -55,6 +55,45 @@ def test_a_record_outside_its_keys_partition_goes_to_dead_letters_not_to_state()
     assert folded + len(misrouted) == len(records)
 
 
+def test_a_prepartitioned_first_stage_keys_the_sent_records_itself() -> None:
+    # It runs in task 0, which the client feeds: the keys sent are not trusted.
+    job = JobSpec("first", (Stage("fold", "reduce", "gridstream.examples.history:fold",
+                                  key="gridstream.examples.history:key_of",
+                                  initial=list(history.EMPTY), prepartitioned=True),
+                            Stage("store", "sink")), partitions=PARTITIONS)
+    assert [[s.name for s in t.stages] for t in plan_graph(job).tasks] == [["fold", "store"]]
+    keys, values = history.generate(2_000, keys=30, seed=3)
+    keyed = run_local(job, TestSource(values, keys, batch_size=11))
+    assert keyed.dead_letters == []
+    assert keyed.results() == run_local(history.job(partitions=PARTITIONS),
+                                        TestSource(values, keys, batch_size=11)).results()
+    wrong = run_local(job, TestSource(values, ["k"] * len(values), batch_size=11))
+    assert wrong.dead_letters and all("MisroutedRecord" in d.error for d in wrong.dead_letters)
+    assert set(wrong.results()) <= set(keys)  # folded by key_of, never by the sent key
+
+
+def test_a_prepartitioned_stage_that_must_start_a_task_is_shuffled_to() -> None:
+    # A union into a counting reduce: it cannot join either input's task, so
+    # it is shuffled to by key like any keyed stage (and its edges combine).
+    def job(prepartitioned: bool) -> JobSpec:
+        return JobSpec("u", (
+            Stage("split", "flat_map", "gridstream.builtins:split_words"),
+            Stage("copy", "map", "gridstream.builtins:identity", inputs=("split",)),
+            Stage("count", "reduce", "gridstream.builtins:count",
+                  key="gridstream.builtins:identity", initial=0, inputs=("split", "copy"),
+                  prepartitioned=prepartitioned),
+            Stage("store", "sink")), partitions=PARTITIONS)
+    plan = plan_graph(job(True))
+    counting = plan.tasks[plan.task_of("count")]
+    assert counting.index > 0 and not counting.stages[0].prepartitioned
+    assert all(e.combine for t in plan.tasks for e in t.edges if e.task == counting.index)
+    lines = ["a b a", "c a", "b"] * 50
+    fused = run_local(job(True), lines)
+    assert fused.dead_letters == []
+    assert fused.results() == run_local(job(False), lines).results() == {"a": 300, "b": 200,
+                                                                          "c": 100}
+
+
 def test_a_key_function_that_fails_dead_letters_only_its_record() -> None:
     stages = [Stage("parse", "map", "gridstream.examples.taxi:parse_position"),
               Stage("track", "reduce", "gridstream.examples.taxi:append_position",
