@@ -26,6 +26,7 @@ from gridstream.client import Client
 from gridstream.config import Config, load_config
 from gridstream.demo import compare, workload
 from gridstream.errors import DeadlineExceeded, Unavailable
+from gridstream.jobspec import JobSpec
 from gridstream.local import LocalCluster
 from gridstream.v1 import scheduler_pb2
 
@@ -226,10 +227,13 @@ async def run_chaos(
     chunk: int = 5_000,
     duration_s: float | None = None,
     first_after: Path | None = None,
+    job: JobSpec | None = None,
 ) -> ChaosReport:
-    """A whole chaos run on a fresh local cluster."""
+    """A whole chaos run on a fresh local cluster; ``job`` runs instead of the
+    workload's own (the same records and reference: taxi without its
+    prepartitioned reduce, say, so a batch crosses a shuffle)."""
     spec, keys, values, expected, units, _ = workload(name, records)
-    spec = replace(spec, delivery=delivery)
+    spec = replace(spec if job is None else job, delivery=delivery)
     directory = Path(run_dir or tempfile.mkdtemp(prefix=f"gridstream-chaos-{name}-"))
     cluster = LocalCluster(directory, config, workers=workers, state_servers=2,
                            supervise=True, restart_delay_s=2.0, extra_env=extra_env)

@@ -70,12 +70,14 @@ async def test_kill_in_the_middle_of_a_window_persist(tmp_path: Path) -> None:
 
 async def test_kill_after_emit_before_the_operator_marks_it_done(tmp_path: Path) -> None:
     # os=true was never recorded: the batch is processed again on recovery and
-    # its re-emitted output is recognised downstream as a duplicate.
+    # its re-emitted output is recognised downstream as a duplicate. (The taxi
+    # job with its shuffle: the demo's prepartitioned one emits nothing.)
     marker = tmp_path / "crashed"
     env = {"GRIDSTREAM_CRASH_POINT": "worker-2:after_emit:40",
            "GRIDSTREAM_CRASH_ONCE_FILE": str(marker)}
     report = await run_chaos("taxi", 100_000, faults=0, stream_s=5.0,
-                             run_dir=tmp_path / "run", config=small_windows(), extra_env=env)
+                             run_dir=tmp_path / "run", config=small_windows(), extra_env=env,
+                             job=taxi.job())
     assert marker.exists(), "the crash point was never reached"
     assert report.match, report.table()
 
