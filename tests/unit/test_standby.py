@@ -18,7 +18,8 @@ import msgpack
 import pytest
 
 from gridstream import codec
-from gridstream.jobspec import plan_tasks
+from gridstream.ids import partition_for_key
+from gridstream.jobspec import JobSpec, Stage, plan_tasks
 from gridstream.replicas import StateWindowRead, StoredState
 from gridstream.ring import HashRing, assign_partitions
 from gridstream.routing import RoutingView
@@ -237,3 +238,28 @@ async def test_an_older_primary_is_ignored_and_other_workers_keep_no_standby() -
     request.partition = other
     standbys.receive(request)
     assert (JOB, 1, other) not in standbys.standbys
+
+
+async def test_a_taken_standby_runs_a_prepartitioned_stage_in_its_partition() -> None:
+    # What a takeover adopts is what it runs: a prepartitioned stage checks
+    # its keys against the partition, so the standby's operators carry it
+    # (without it every batch after an adoption failed whole).
+    job = JobSpec("j", (Stage("pass", "map", "gridstream.builtins:identity"),
+                        Stage(STAGE, "reduce", "gridstream.builtins:count",
+                              key="gridstream.builtins:identity", initial=0,
+                              prepartitioned=True),
+                        Stage("store", "sink")), partitions=PARTITIONS)
+    tasks = plan_tasks(job)
+    assert len(tasks) == 1
+    standbys = StandbyStore(HOLDER, ROUTING, cast(Any, None), cast(Any, FakeStateServers()),
+                            lambda job_id: tasks if job_id == JOB else None, 1)
+    request = window(10, None, {"a": 1})
+    request.task = 0
+    standbys.receive(request)
+    taken = standbys.take((JOB, 0, PARTITION))
+    assert taken is not None
+    here = next(w for w in (f"w{i}" for i in range(10_000))
+                if partition_for_key(w, PARTITIONS) == PARTITION)
+    result = taken.chain.process(None, [here, here], "b1")
+    assert result.dead_letters == []
+    assert taken.chain.states[STAGE] == {"a": 1, here: 2}
