@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gridstream.builtins import identity
 from gridstream.deadletters import encode_error, encode_record
 from gridstream.eventtime import user_params, window_config
 from gridstream.ids import partition_for_key
@@ -249,28 +250,16 @@ def _keyed_here(stage: Stage, key_fn: Callable[[Any], Any],
         partition, partitions = placement
         if len(home) > KEY_CACHE_LIMIT:
             home.clear()
-        try:
-            computed = [key_fn(v) for v in values]
-            plain = PLAIN_KEY_SET.issuperset(map(type, computed))
-        except Exception:
-            plain = False
-        if plain:
-            distinct = set(computed)
-            for k in distinct - home.keys():
-                home[k] = partition_for_key(k, partitions)
-            if all(home[k] == partition for k in distinct):
-                return computed, values
+        keys, values = keyed_records(key_fn, values, stage.name, dead.batch_id, dead.out)
+        distinct = set(keys)
+        for k in distinct - home.keys():
+            home[k] = partition_for_key(k, partitions)
+        if all(home[k] == partition for k in distinct):
+            return keys, values
         out_k: list[Any] = []
         out_v: list[Any] = []
-        for i, v in enumerate(values):
-            try:
-                k = plain_key(key_fn(v))
-            except Exception as exc:
-                dead.add(stage.name, i, None, v, exc, ".key")
-                continue
-            p = home.get(k)
-            if p is None:
-                p = home[k] = partition_for_key(k, partitions)
+        for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+            p = home[k]
             if p != partition:
                 dead.add(stage.name, i, k, v, MisroutedRecord(
                     f"stage {stage.name} is prepartitioned, but the key "
@@ -544,6 +533,33 @@ StateDelta = dict[str, dict[Any, Any]]
 def check_key(key: Any) -> bool:
     """True when a key function's result can key a record (str, int or bytes)."""
     return isinstance(key, _VALID_KEY) and not isinstance(key, bool)
+
+
+def keyed_records(key_fn: Callable[[Any], Any], values: list[Any], stage: str,
+                  batch_id: str, dead: list[DeadLetter]) -> tuple[list[Any], list[Any]]:
+    """(keys, values) of the records whose key function gives a plain key
+    (:func:`plain_key`); each other record goes to ``dead``, with the error,
+    as ``<batch>:<stage>.key:<index>``. A shuffle keys its output so, and a
+    prepartitioned stage its input."""
+    try:
+        # A record keyed by itself (wordcount's words) needs no call per record.
+        keys = values if key_fn is identity else [key_fn(v) for v in values]
+        if PLAIN_KEY_SET.issuperset(map(type, keys)):  # every key a plain str, int, bytes
+            return keys, values
+    except Exception:
+        pass
+    out_k: list[Any] = []
+    out_v: list[Any] = []
+    for i, v in enumerate(values):
+        try:
+            k = plain_key(key_fn(v))
+        except Exception as exc:
+            dead.append((f"{batch_id}:{stage}.key:{i}", stage, encode_record(None, v),
+                         encode_error(exc, len(dead) < TRACEBACKS_PER_BATCH)))
+            continue
+        out_k.append(k)
+        out_v.append(v)
+    return out_k, out_v
 
 
 def plain_key(key: Any) -> Any:

@@ -15,14 +15,13 @@ from typing import Any
 from gridstream.builtins import identity
 from gridstream.codec import PayloadError, encode_batch
 from gridstream.combiners import Partials
-from gridstream.deadletters import encode_error, encode_message, encode_record
+from gridstream.deadletters import encode_message, encode_record
 from gridstream.ids import partition_for_key
 from services.worker.operators import (
     KEY_CACHE_LIMIT,
     PLAIN_KEY_SET,
-    TRACEBACKS_PER_BATCH,
     DeadLetter,
-    plain_key,
+    keyed_records,
     safe_text,
 )
 from services.worker.peers import OutSegment, PeerRouter
@@ -59,27 +58,7 @@ class Shuffle:
     def _keys(
         self, values: list[Any], batch_id: str, dead: list[DeadLetter]
     ) -> tuple[list[Any], list[Any]]:
-        key_fn = self.key_fn
-        try:
-            # A record keyed by itself (wordcount's words) needs no call per record.
-            keys = values if key_fn is identity else [key_fn(v) for v in values]
-            if PLAIN_KEY_SET.issuperset(map(type, keys)):  # every key a plain str, int, bytes
-                return keys, values
-        except Exception:
-            pass
-        out_k: list[Any] = []
-        out_v: list[Any] = []
-        for i, v in enumerate(values):
-            try:
-                k = plain_key(key_fn(v))
-            except Exception as exc:
-                traced = len(dead) < TRACEBACKS_PER_BATCH
-                dead.append((f"{batch_id}:{self.dest_stage}.key:{i}", self.dest_stage,
-                             encode_record(None, v), encode_error(exc, traced)))
-                continue
-            out_k.append(k)
-            out_v.append(v)
-        return out_k, out_v
+        return keyed_records(self.key_fn, values, self.dest_stage, batch_id, dead)
 
     def _combined_by_value(self, values: list[Any]) -> tuple[list[Any], list[Any]] | None:
         """Records keyed by themselves into a combined reduce (wordcount's
