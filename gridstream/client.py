@@ -82,7 +82,6 @@ _MAX_SEGMENT_BYTES = rpc.MAX_MESSAGE_BYTES - 64 * 1024
 """Largest encoded batch the SDK tries to send (gRPC's limit less framing)."""
 
 
-
 class Batch(NamedTuple):
     """Records for one push to one partition."""
 
@@ -214,11 +213,13 @@ class Client(ControlCalls):
 
         A record nested deeper than ``gridstream.validation.MAX_NESTING`` is
         refused at once (InvalidArgument), as is one too large for any push
-        (ResourceExhausted naming the limit). When some partitions fail, every
-        other partition's pushes still finish, and the error raised says which
-        partitions were sent, which hold a batch the client will push again
-        with the same sequence, and which were refused (see
-        :class:`gridstream.errors.GridstreamError`)."""
+        (ResourceExhausted naming the limit); a keyed send whose records
+        msgpack cannot carry (a set, an int over 64 bits) raises
+        ``gridstream.codec.PayloadError`` before anything is pushed. When
+        some partitions fail, every other partition's pushes still finish,
+        and the error raised says which partitions were sent, which hold a
+        batch the client will push again with the same sequence, and which
+        were refused (see :class:`gridstream.errors.GridstreamError`)."""
         if (producer is None) != (first_sequence is None):
             raise ValueError("give producer and first_sequence together")
         if producer is not None:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
+
 from gridstream.client import _group_by_partition, _packed_batches
-from gridstream.codec import decode_batch, encode_batch
+from gridstream.codec import PayloadError, decode_batch, encode_batch
 from gridstream.ids import partition_for_key
 
 
@@ -46,3 +48,8 @@ def test_packed_batches_are_the_grouped_records_cut_and_packed_in_order() -> Non
                 assert batch.encoded is not None
                 assert batch.encoded.payload == encode_batch(batch.values, batch.keys).payload
                 assert decode_batch(batch.encoded) == (batch.keys, batch.values)
+
+
+def test_a_keyed_send_that_msgpack_cannot_carry_fails_before_any_push() -> None:
+    with pytest.raises(PayloadError, match="msgpack-serialisable"):
+        _packed_batches(["a", "b"], ["fine", {1, 2}], 3, 100)
