@@ -233,27 +233,40 @@ class MisroutedRecord(ValueError):
     """A record of a prepartitioned stage found outside its key's partition."""
 
 
-def _keyed_here(stage: Stage, key_fn: Callable[[Any], Any],
-                placement: tuple[int, int] | None, where: str) -> StageFn:
+class KeyPartitions:
+    """The partition of each distinct key a task meets, computed once (by
+    :func:`gridstream.ids.partition_for_key`, the client's placement too)
+    and remembered up to :data:`KEY_CACHE_LIMIT` keys: a shuffle routes by
+    it, a prepartitioned stage checks its input by it."""
+
+    def __init__(self, partitions: int) -> None:
+        self.partitions = partitions
+        self._of: dict[Any, int] = {}
+
+    def of(self, keys: list[Any]) -> tuple[dict[Any, int], set[Any]]:
+        """(key -> partition, holding every key of ``keys``; their distinct keys)."""
+        known = self._of
+        if len(known) > KEY_CACHE_LIMIT:
+            known.clear()
+        distinct = set(keys)
+        for k in distinct - known.keys():
+            known[k] = partition_for_key(k, self.partitions)
+        return known, distinct
+
+
+def _keyed_here(stage: Stage, key_fn: Callable[[Any], Any], partition: int,
+                partitions: int) -> StageFn:
     """Keys the records of a prepartitioned stage, which runs in its input's
     task (no shuffle computed their keys), and checks that every key belongs
     to this partition, as the client's keys promised. A record whose key
     function fails, or whose key belongs to another partition, goes to dead
     letters: folded here, its key's state would be split over two
     partitions and its results would be wrong without a word."""
-    home: dict[Any, int] = {}
+    placed = KeyPartitions(partitions)
 
     def run(keys: Keys, values: Values, dead: _DeadLetters) -> tuple[Keys, Values]:
-        if placement is None:  # a chain that only holds state (a standby's)
-            raise RuntimeError(f"{where}: a chain built without its partition cannot run "
-                               f"the prepartitioned stage {stage.name}")
-        partition, partitions = placement
-        if len(home) > KEY_CACHE_LIMIT:
-            home.clear()
         keys, values = keyed_records(key_fn, values, stage.name, dead.batch_id, dead.out)
-        distinct = set(keys)
-        for k in distinct - home.keys():
-            home[k] = partition_for_key(k, partitions)
+        home, distinct = placed.of(keys)
         if all(home[k] == partition for k in distinct):
             return keys, values
         out_k: list[Any] = []
@@ -314,8 +327,8 @@ class OperatorChain:
 
     def __init__(self, stages: list[Stage], where: str, rows_wanted: bool = True,
                  placement: tuple[int, int] | None = None) -> None:
-        """``placement`` is the chain's (partition, partitions): a
-        prepartitioned stage inside the chain checks its keys against it."""
+        """``placement`` is the chain's (partition, partitions), which a
+        prepartitioned stage checks its keys against (required then)."""
         self.stages = stages
         self.states: dict[str, dict[Any, Any]] = {}
         self.touched: dict[str, set[Any]] = {}
@@ -351,8 +364,11 @@ class OperatorChain:
             if stage.params:  # params travel as data: fn(..., **params) on every call
                 fn = functools.partial(fn, **stage.params)
             if stage.prepartitioned:  # keyed here: no shuffle keyed its records by its key
+                if placement is None:
+                    raise ValueError(f"{where}: stage {stage.name} is prepartitioned; its "
+                                     "chain needs its placement (partition, partitions)")
                 key_fn = resolve(stage.key, f"{where}, stage {stage.name}, key")
-                self._steps.append(_keyed_here(stage, key_fn, placement, where))
+                self._steps.append(_keyed_here(stage, key_fn, *placement))
             if stage.kind == "map":
                 self._steps.append(_map(stage, fn))
             elif stage.kind == "filter":

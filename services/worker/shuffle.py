@@ -16,11 +16,10 @@ from gridstream.builtins import identity
 from gridstream.codec import PayloadError, encode_batch
 from gridstream.combiners import Partials
 from gridstream.deadletters import encode_message, encode_record
-from gridstream.ids import partition_for_key
 from services.worker.operators import (
-    KEY_CACHE_LIMIT,
     PLAIN_KEY_SET,
     DeadLetter,
+    KeyPartitions,
     keyed_records,
     safe_text,
 )
@@ -53,11 +52,12 @@ class Shuffle:
         self.combine = combine
         """Folds a batch into one partial per key (:mod:`gridstream.combiners`)."""
         self.sequences: dict[int, int] = {}
-        self._partition_of: dict[Any, int] = {}
+        self._placed = KeyPartitions(partitions)
 
     def _keys(
         self, values: list[Any], batch_id: str, dead: list[DeadLetter]
     ) -> tuple[list[Any], list[Any]]:
+        """The records' keys by the destination's key function (a seam tests watch)."""
         return keyed_records(self.key_fn, values, self.dest_stage, batch_id, dead)
 
     def _combined_by_value(self, values: list[Any]) -> tuple[list[Any], list[Any]] | None:
@@ -87,9 +87,6 @@ class Shuffle:
             keys, values = self._keys(values, batch_id, dead)
             if self.combine is not None:
                 keys, values = self.combine(keys, values)
-        partition_of = self._partition_of
-        if len(partition_of) > KEY_CACHE_LIMIT:
-            partition_of.clear()
         buckets = self._buckets(keys, values)
         segments: list[OutSegment] = []
         size = self.batch_records
@@ -112,11 +109,8 @@ class Shuffle:
         to one partition (a source keyed as the reduce after it, such as
         taxi's records sent by device) goes whole, with nothing done per
         record."""
-        partition_of = self._partition_of
+        partition_of, distinct = self._placed.of(keys)
         parts = self.partitions
-        distinct = set(keys)
-        for k in distinct - partition_of.keys():
-            partition_of[k] = partition_for_key(k, parts)  # the client's placement too
         if not keys:
             return {}
         first = partition_of[keys[0]]

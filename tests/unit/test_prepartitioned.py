@@ -19,6 +19,7 @@ from gridstream.testing import TestSource, run_local
 from services.worker.operators import OperatorChain
 
 PARTITIONS = 4
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_prepartitioned_reduce_joins_the_task_of_its_input() -> None:
@@ -114,11 +115,10 @@ def test_a_key_function_that_fails_dead_letters_only_its_record() -> None:
     assert [(d[0], d[1]) for d in result.dead_letters] == [("b2:count.key:1", "count")]
 
 
-def test_a_chain_without_its_partition_refuses_to_run_a_prepartitioned_stage() -> None:
+def test_a_chain_without_its_partition_refuses_a_prepartitioned_stage_when_built() -> None:
     job = history.job(prepartitioned=True)
-    chain = OperatorChain(list(job.stages), "standby")  # holds state only
-    with pytest.raises(RuntimeError, match="without its partition"):
-        chain.process(None, [["k", 1]], "b")
+    with pytest.raises(ValueError, match="needs its placement"):
+        OperatorChain(list(job.stages), "test")
 
 
 def test_only_reduce_and_untimed_stateful_stages_can_be_prepartitioned() -> None:
@@ -137,25 +137,10 @@ def test_the_flag_survives_the_wire_toml_and_the_dataflow_api(tmp_path: Path) ->
     job = taxi.job(prepartitioned=True)
     assert JobSpec.from_proto(job.to_proto()).stages == job.stages
     assert JobSpec.from_proto(taxi.job().to_proto()).stages[1].prepartitioned is False
-    path = tmp_path / "taxi.toml"
-    path.write_text("""
-[job]
-name = "taxi"
-[[stages]]
-name = "parse"
-kind = "map"
-function = "gridstream.examples.taxi:parse_position"
-[[stages]]
-name = "track"
-kind = "reduce"
-key = "gridstream.examples.taxi:device_of"
-function = "gridstream.examples.taxi:append_position"
-initial = ""
-prepartitioned = true
-[[stages]]
-name = "store"
-kind = "sink"
-""")
+    path = tmp_path / "taxi.toml"  # the example job file, with the flag added
+    example = (REPO / "examples" / "taxi.toml").read_text()
+    assert example.count('initial = ""\n') == 1
+    path.write_text(example.replace('initial = ""\n', 'initial = ""\nprepartitioned = true\n'))
     assert load_job_file(path).stages == job.stages
     path.write_text(path.read_text().replace("prepartitioned = true", 'prepartitioned = "yes"'))
     with pytest.raises(InvalidArgument, match="prepartitioned must be true or false"):
