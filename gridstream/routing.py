@@ -146,6 +146,11 @@ class RoutingView:
             return None
         return owners[partition]
 
+    def partitions(self, job_id: str) -> int:
+        """The job's partition count (one owner each), 0 for a job the table
+        does not list."""
+        return len(self.owners.get(job_id) or [])
+
     def in_first_epoch_of(self, job_id: str) -> bool:
         """Whether the table here is the first one that lists the job (an epoch
         the scheduler saved first, so never served again): the owners it names
@@ -163,14 +168,14 @@ class RoutingView:
         owner: the first ``count`` workers on the ring."""
         if count <= 0:
             return []
-        owners = self.owners.get(job_id) or []
         owner = self.owner(job_id, partition)
         if owner is None:
             return list(self._worker_ring.walk(f"{job_id}/{partition}"))[:count]
         holders: list[str] = []
         gone = {owner}
         while len(holders) < count:
-            successor = self._successor(job_id, len(owners), partition, frozenset(gone))
+            successor = self._successor(job_id, self.partitions(job_id), partition,
+                                        frozenset(gone))
             if successor is None:
                 break
             holders.append(successor)
@@ -188,7 +193,7 @@ class RoutingView:
         owner = self.owner(job_id, partition)
         if owner is None or count <= 0:
             return holders
-        partitions = len(self.owners.get(job_id) or [])
+        partitions = self.partitions(job_id)
         for dead in self.workers:
             if dead == owner:
                 continue

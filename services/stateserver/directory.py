@@ -47,7 +47,7 @@ class JobDirectory:
             raise NotFound(f"unknown job {job_id!r}: it is not running (never submitted, "
                            "cancelled or failed); nothing stored")
         tasks = self._task_count(job_id) or 0
-        partitions = len(self.routing.owners[job_id])
+        partitions = self.routing.partitions(job_id)
         task, partition = int(match["task"]), int(match["partition"])
         if task >= tasks or partition >= partitions:
             raise NotFound(f"unknown operator {operator_id!r}: job {job_id} has tasks "

@@ -177,7 +177,7 @@ class StandbyStore:
         """The operators a standby keeps (and a takeover adopts and runs: so
         with their placement, which a prepartitioned stage checks keys by)."""
         tasks = self._job_tasks(job_id)
-        partitions = len(self.routing.owners.get(job_id) or [])  # as the routing counts them
+        partitions = self.routing.partitions(job_id)
         if (tasks is None or task >= len(tasks) or not any(s.keyed for s in tasks[task])
                 or partition >= partitions):
             return None
