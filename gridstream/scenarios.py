@@ -100,6 +100,7 @@ class HistoryRun:
     seconds: float = 0.0
     branches: list[str] = field(default_factory=list)
     """A graph run: what the other branches got wrong (empty when exact)."""
+    tasks: int = 0  # of the job, as its progress listed them at the drain
 
     def table(self) -> str:
         """Faults with detection and resume times, then the verdict."""
@@ -277,6 +278,7 @@ async def run_history(
         try:
             progress = await client.drain(job_id, timeout_s=drain_timeout_s)
             run.losses = list(progress.losses)
+            run.tasks = len({t.task for t in progress.tasks})
         except DataLoss as exc:  # named, not silent: the caller decides
             run.losses = [str(exc)]
         except DeadlineExceeded as exc:  # named too: what holds it, and the losses so far
@@ -344,8 +346,7 @@ async def _isolatable(cluster: LocalCluster, worker: str) -> FaultProxy:
 
 
 async def _incarnations(client: Client) -> dict[str, str]:
-    """node id -> incarnation of every live worker in the routing table (an
-    unreachable scheduler is asked again for a while, then is an error)."""
+    """node id -> incarnation of every live worker in the table (asked again a while)."""
     table = await retry("reading the routing table", client.routing_table,
                         (Unavailable, DeadlineExceeded), deadline_s=30.0)
     return {m.node_id: m.incarnation for m in table.members
@@ -353,8 +354,7 @@ async def _incarnations(client: Client) -> dict[str, str]:
 
 
 async def _restarted(client: Client, before: dict[str, str], timeout_s: float = 30.0) -> None:
-    """Waits until every worker of ``before`` is in the routing table with a
-    new incarnation."""
+    """Waits until every worker of ``before`` has a new incarnation in the table."""
     deadline = time.monotonic() + timeout_s
     while True:
         now = await _incarnations(client)

@@ -66,6 +66,7 @@ async def test_kills_and_a_pause_on_a_prepartitioned_fold(tmp_path: Path) -> Non
     run = await run_history(steps, tmp_path, records=40_000, stream_s=14.0,
                             config=config(), seed=7, prepartitioned=True)
     assert_exact(run)
+    assert run.tasks == 1  # the fused plan ran: stamp and fold in one task
 
 
 async def test_two_simultaneous_kills_with_backup_count_two(tmp_path: Path) -> None:
