@@ -458,8 +458,10 @@ class Client(ControlCalls):
     # -- results ----------------------------------------------------------
 
     async def results(self, job_id: str, sink: str | None = None) -> dict[str, Any]:
-        """The job's sink table: {key: value}, merged from the state-server
-        replicas (the newest version of each key wins).
+        """The job's sink table: {key: value}, read from as few state-server
+        replicas as hold every acknowledged row (one when every write goes to
+        every server, as with two; otherwise merged, the newest version of
+        each key winning).
 
         A job with several sinks stores each sink's rows under
         ``"<sink>/<key>"``: ``sink`` picks one sink's rows, with their keys as

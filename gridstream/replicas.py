@@ -30,7 +30,7 @@ from gridstream.errors import (
     Unavailable,
     from_rpc_error,
 )
-from gridstream.ids import checksum
+from gridstream.ids import checksum, stable_hash64
 from gridstream.peercalls import CoalescedCalls, Waiting, many_outcomes
 from gridstream.placement import ReplicaSet
 from gridstream.routing import RoutingView
@@ -271,6 +271,37 @@ class ReplicaClient:
         """Answers of every live state server; Unavailable unless enough answered."""
         replicas = await self._replica_set()
         nodes = sorted(replicas.readable)
+        answers, silent = await self._ask(what, call, replicas, nodes)
+        return await self._enough(what, replicas, answers, silent)
+
+    async def _ask_enough(self, what: str, call: Call, spread: str) -> list[Any]:
+        """Answers of as few live state servers as the read rule needs
+        (:meth:`ReplicaSet.enough_heard`): with every copy acknowledged by
+        every server (two state servers, R = W = 2, the default), one answer
+        holds every acknowledged write, so one server does the work of the
+        read rather than each doing all of it. A server that fails is
+        replaced by the next; ``spread`` (a job id) picks where the walk over
+        the servers starts, so different jobs' reads go to different ones."""
+        replicas = await self._replica_set()
+        nodes = sorted(replicas.readable)
+        if nodes:
+            start = stable_hash64(spread) % len(nodes)
+            nodes = nodes[start:] + nodes[:start]
+        needed = next((n for n in range(1, len(nodes) + 1) if replicas.enough_heard(n)),
+                      len(nodes))
+        answers: list[Any] = []
+        silent: list[str] = []
+        while len(answers) < needed and nodes:
+            asked, nodes = nodes[:needed - len(answers)], nodes[needed - len(answers):]
+            more, failed = await self._ask(what, call, replicas, asked)
+            answers += more
+            silent += failed
+        return await self._enough(what, replicas, answers, silent)
+
+    async def _ask(self, what: str, call: Call, replicas: ReplicaSet, nodes: list[str]
+                   ) -> tuple[list[Any], list[str]]:
+        """(answers as (node, result), failures as text) of ``nodes``, asked at
+        once; an error no other server can mend (:data:`_FINAL`) is raised."""
         results = await asyncio.gather(
             *(call(self._stub(replicas.readable[n])) for n in nodes), return_exceptions=True)
         answers = []
@@ -286,6 +317,12 @@ class ReplicaClient:
                 silent.append(f"{node}: {error}")
             else:
                 answers.append((node, result))
+        return answers, silent
+
+    async def _enough(self, what: str, replicas: ReplicaSet, answers: list[Any],
+                      silent: list[str]) -> list[Any]:
+        """``answers``, or Unavailable (after a routing refresh) when they are
+        too few to be sure of the newest copy."""
         if not replicas.enough_heard(len(answers)):
             await self.routing.refresh(at_least=self.routing.epoch + 1)
             raise Unavailable(f"{what}: {len(answers)} of {replicas.members} state servers "
@@ -318,8 +355,9 @@ class ReplicaClient:
 
     async def read_results(self, job_id: str, from_state: Sequence[tuple[str, str]] = ()
                            ) -> dict[str, tuple[str, int]]:
-        """key -> (JSON value, version): every replica's rows merged, newest
-        version wins; with the rows of the reduces in ``from_state`` ((stage,
+        """key -> (JSON value, version): the rows of as many replicas as the
+        read rule needs (:meth:`_ask_enough`; one by default), merged with the
+        newest version winning; with the rows of the reduces in ``from_state`` ((stage,
         key prefix) pairs, :func:`gridstream.taskplan.state_result_sources`)
         read from their stored state."""
         merged: dict[str, tuple[str, int]] = {}
@@ -337,11 +375,12 @@ class ReplicaClient:
                     if held is None or version >= held[1]:
                         merged[key] = (value, version)
 
-        await self._ask_all(f"reading results of {job_id}", read)
+        await self._ask_enough(f"reading results of {job_id}", read, job_id)
         return merged
 
     async def read_dead_letters(self, job_id: str) -> list[tuple[str, str, str, str]]:
-        """Every replica's dead letters of a job, one per id."""
+        """A job's dead letters, one per id, from as many replicas as the read
+        rule needs (:meth:`_ask_enough`)."""
         merged: dict[str, tuple[str, str, str, str]] = {}
 
         async def read(stub: stateserver_pb2_grpc.StateServerStub) -> None:
@@ -352,7 +391,7 @@ class ReplicaClient:
                 for entry_id, stage, record, error in codec.unpack(chunk.entries):
                     merged[entry_id] = (entry_id, stage, record, error)
 
-        await self._ask_all(f"reading dead letters of {job_id}", read)
+        await self._ask_enough(f"reading dead letters of {job_id}", read, job_id)
         return [merged[k] for k in sorted(merged)]
 
     async def close(self) -> None:

@@ -5,11 +5,13 @@ write keeps its own outcome: stored, or refused with its own error."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
 import pytest
 
+from gridstream import codec
 from gridstream.client import Client
 from gridstream.config import Config
 from gridstream.errors import InvalidArgument
@@ -17,6 +19,7 @@ from gridstream.examples import wordcount
 from gridstream.ids import operator_id
 from gridstream.local import LocalCluster
 from gridstream.replicas import RESULT_WRITE_LINGER_S
+from gridstream.v1 import stateserver_pb2, stateserver_pb2_grpc
 
 pytestmark = pytest.mark.integration
 
@@ -75,3 +78,44 @@ async def test_concurrent_result_writes_share_calls_and_keep_their_own_outcomes(
         assert calls, "every attempt was stalled past the wait; nothing was tested"
         assert set(calls) == {2}, calls
         await client.cancel(job_id)
+
+
+async def test_results_are_read_from_one_replica_and_from_the_next_when_it_fails(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """With two state servers every acknowledged row is on both (R = W = 2),
+    so a read asks one; a server that cannot answer is replaced by the next."""
+    async with LocalCluster(tmp_path, Config(), workers=1, state_servers=2) as cluster, \
+            Client(cluster.scheduler_address) as client, cluster.state_client() as replicas:
+        job_id = await client.submit(wordcount.job())
+        await replicas.write_results(job_id, operator_id(job_id, 1, 0), [["both", "1"]], [],
+                                     epoch=PROBE_EPOCH, version=1)
+        # A row on each server alone (as a write no quorum acknowledged
+        # leaves it): which of them a read returns tells which server it read.
+        servers = dict(replicas.routing.replica_set.readable)
+        assert sorted(servers) == ["state-1", "state-2"]
+        for name, address in servers.items():
+            await stateserver_pb2_grpc.StateServerStub(replicas.channels.get(address)).WriteResults(
+                stateserver_pb2.WriteResultsRequest(
+                    job_id=job_id, operator_id=operator_id(job_id, 1, 1),
+                    rows=codec.pack([[f"only-{name}", "2"]]), row_count=1,
+                    dead_letters=codec.pack([]), dead_letter_count=0,
+                    epoch=PROBE_EPOCH, version=2),
+                timeout=10)
+
+        rows = await replicas.read_results(job_id)
+        read = [key.removeprefix("only-") for key in rows if key.startswith("only-")]
+        assert len(read) == 1, f"one server read, not {read}"
+        assert rows["both"] == ("1", 1)
+        assert await replicas.read_results(job_id) == rows  # the same server again
+
+        # The server read first dies; the routing table still lists it (no
+        # refresh): the read fails there and goes on with the other one.
+        cluster.hold(read[0])
+        cluster.kill(read[0])
+        await cluster.wait_exit(read[0])
+        caplog.set_level(logging.INFO, logger="gridstream.replicas")
+        rows = await replicas.read_results(job_id)
+        (other,) = set(servers) - {read[0]}
+        assert {key for key in rows if key.startswith("only-")} == {f"only-{other}"}
+        assert rows["both"] == ("1", 1)
+        assert f"went on without {read[0]}" in caplog.text
