@@ -116,7 +116,7 @@ class WorkerNode:
         self.state = StateClient(routing, channels)
         self.backups = BackupStore()
         self.standbys = StandbyStore(node_id, routing, channels, self.state,
-                                     lambda job_id: getattr(self.jobs.get(job_id), "tasks", None),
+                                     self.jobs.get,
                                      config.cluster.backup_count)
         self.retired: dict[ContainerKey, JobContainer] = {}
         self._sync_lock = asyncio.Lock()

@@ -37,7 +37,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 import msgpack
@@ -45,12 +45,13 @@ import msgpack
 from gridstream.errors import GridstreamError
 from gridstream.ids import operator_id
 from gridstream.retry import Backoff
+from gridstream.taskplan import results_from_state
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 from services.worker.operators import OperatorChain
 from services.worker.snapshots import apply_stored, freeze_grown_state
 
 if TYPE_CHECKING:
-    from gridstream.jobspec import Stage
+    from gridstream.jobspec import JobSpec, Stage
     from gridstream.routing import RoutingView
     from services.worker.peers import Channels, StateClient
     from services.worker.tasks import TaskRunner
@@ -58,6 +59,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ContainerKey = tuple[str, int, int]  # (job_id, task, partition)
+
+
+class JobPlan(Protocol):
+    """What a standby needs of a deployed job (a worker's ``JobRuntime``)."""
+
+    spec: JobSpec
+    tasks: list[list[Stage]]
 
 MAX_SHIP_BYTES = 2 * 1024 * 1024
 """Largest window shipped with its entries. A holder applies a shipment in
@@ -150,17 +158,17 @@ class StandbyStore:
         routing: RoutingView,
         channels: Channels,
         state: StateClient,
-        job_tasks: Callable[[str], list[list[Stage]] | None],
+        job_plan: Callable[[str], JobPlan | None],
         backup_count: int,
     ) -> None:
-        """``job_tasks(job_id)`` is a deployed job's task plan (None when the
-        job is not deployed here)."""
+        """``job_plan(job_id)`` is a deployed job's spec and task plan (None
+        when the job is not deployed here)."""
         self.standbys: dict[ContainerKey, Standby] = {}
         self.node_id = node_id
         self.routing = routing
         self.channels = channels
         self._state = state
-        self._job_tasks = job_tasks
+        self._job_plan = job_plan
         self.backup_count = backup_count
         self._behind: set[ContainerKey] = set()
         self._wake = asyncio.Event()
@@ -176,12 +184,16 @@ class StandbyStore:
     def _make_chain(self, job_id: str, task: int, partition: int) -> OperatorChain | None:
         """The operators a standby keeps (and a takeover adopts and runs: so
         with their placement, which a prepartitioned stage checks keys by)."""
-        tasks = self._job_tasks(job_id)
+        plan = self._job_plan(job_id)
         partitions = self.routing.partitions(job_id)
-        if (tasks is None or task >= len(tasks) or not any(s.keyed for s in tasks[task])
+        if (plan is None or task >= len(plan.tasks) or not any(s.keyed for s in plan.tasks[task])
                 or partition >= partitions):
             return None
-        return OperatorChain(tasks[task], f"standby of job {job_id}, task {task}",
+        stages = plan.tasks[task]
+        # Rows as the task's own chain makes them: none when they are read
+        # from the stored state (what an adopted chain would build is never written).
+        return OperatorChain(stages, f"standby of job {job_id}, task {task}",
+                             results_from_state(plan.spec, stages) is None,
                              placement=(partition, partitions))
 
     def attach(self, runner: TaskRunner) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any, cast
 
 import msgpack
@@ -24,7 +25,7 @@ from gridstream.replicas import StateWindowRead, StoredState
 from gridstream.ring import HashRing, assign_partitions
 from gridstream.routing import RoutingView
 from gridstream.v1 import scheduler_pb2, worker_pb2
-from services.worker.standby import StandbyStore
+from services.worker.standby import JobPlan, StandbyStore
 
 JOB = "job-1"
 PARTITIONS = 12
@@ -137,12 +138,18 @@ HOLDER = ROUTING.backups(JOB, PARTITION, 1)[0]
 KEY = (JOB, 1, PARTITION)
 
 
+def deployed(spec: JobSpec, tasks: list[list[Stage]]) -> Callable[[str], JobPlan | None]:
+    """The worker's view of job ``JOB`` deployed with ``spec`` and ``tasks``."""
+    plan = SimpleNamespace(spec=spec, tasks=tasks)
+    return lambda job_id: cast(JobPlan, plan) if job_id == JOB else None
+
+
 def store(servers: FakeStateServers) -> StandbyStore:
     from gridstream.examples import wordcount
     tasks = plan_tasks(wordcount.job(partitions=PARTITIONS))
     assert tasks[1][0].name == STAGE
     return StandbyStore(HOLDER, ROUTING, cast(Any, None), cast(Any, servers),
-                        lambda job_id: tasks if job_id == JOB else None, 1)
+                        deployed(wordcount.job(partitions=PARTITIONS), tasks), 1)
 
 
 def state_of(standbys: StandbyStore) -> dict[Any, Any]:
@@ -252,7 +259,7 @@ async def test_a_taken_standby_runs_a_prepartitioned_stage_in_its_partition() ->
     tasks = plan_tasks(job)
     assert len(tasks) == 1
     standbys = StandbyStore(HOLDER, ROUTING, cast(Any, None), cast(Any, FakeStateServers()),
-                            lambda job_id: tasks if job_id == JOB else None, 1)
+                            deployed(job, tasks), 1)
     request = window(10, None, {"a": 1})
     request.task = 0
     standbys.receive(request)
@@ -263,3 +270,29 @@ async def test_a_taken_standby_runs_a_prepartitioned_stage_in_its_partition() ->
     result = taken.chain.process(None, [here, here], "b1")
     assert result.dead_letters == []
     assert taken.chain.states[STAGE] == {"a": 1, here: 2}
+
+
+@pytest.mark.parametrize(("delivery", "rows"), [("exactly_once", {}),
+                                                ("at_most_once", {"x": 2})])
+def test_a_taken_standby_makes_rows_only_where_its_task_writes_them(
+        delivery: str, rows: dict[str, int]) -> None:
+    # An exactly_once task ending in a reduce into a latest sink has its
+    # rows read from the stored state: the task's own chain builds none, and
+    # neither may the chain a takeover adopts (it built a row per key touched
+    # by every batch, never written).
+    job = JobSpec("j", (Stage(STAGE, "reduce", "gridstream.builtins:count",
+                              key="gridstream.builtins:identity", initial=0),
+                        Stage("store", "sink")), partitions=PARTITIONS, delivery=delivery)
+    tasks = plan_tasks(job)
+    standbys = StandbyStore(HOLDER, ROUTING, cast(Any, None), cast(Any, FakeStateServers()),
+                            deployed(job, tasks), 1)
+    request = window(10, None, {"a": 1})
+    request.task = len(tasks) - 1
+    standbys.receive(request)
+    taken = standbys.take((JOB, len(tasks) - 1, PARTITION))
+    assert taken is not None
+    # The count's task takes the partial counts its input task combined.
+    result = taken.chain.process(["x", "x"], [1, 1], "b1")
+    assert result.dead_letters == []
+    assert taken.chain.states[STAGE] == {"a": 1, "x": 2}
+    assert result.sink_rows == rows
