@@ -16,6 +16,7 @@ but at most W-1 of the state servers that could hold it has seen it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gridstream.ring import HashRing
@@ -87,3 +88,26 @@ class ReplicaSet:
         every acknowledged write: fewer than W of those that may hold one are
         silent (dead ones count as silent)."""
         return self.members - answered < self.quorum
+
+
+Holdings = dict[str, tuple[int, int]]
+"""operator id -> (highest result version, newest state window or -1) on one server."""
+
+
+def replicas_ahead(read: set[str], holdings: Mapping[str, Holdings | None]) -> list[str]:
+    """The servers not in ``read`` that hold a newer result version or state
+    window of some operator than every server in ``read`` (an operator they
+    alone hold counts). When what a server read holds is unknown, every
+    server not read that answered, as reading them all would."""
+    if any(holdings.get(node) is None for node in read):
+        return sorted(n for n, held in holdings.items() if n not in read and held is not None)
+    newest: Holdings = {}
+    for node in read:
+        for op, (version, window) in (holdings[node] or {}).items():
+            seen = newest.get(op, (-1, -1))
+            newest[op] = (max(seen[0], version), max(seen[1], window))
+    return sorted(
+        node for node, held in holdings.items()
+        if node not in read and held is not None and any(
+            version > newest.get(op, (-1, -1))[0] or window > newest.get(op, (-1, -1))[1]
+            for op, (version, window) in held.items()))

@@ -32,7 +32,7 @@ from gridstream.errors import (
 )
 from gridstream.ids import checksum, stable_hash64
 from gridstream.peercalls import CoalescedCalls, Waiting, many_outcomes
-from gridstream.placement import ReplicaSet
+from gridstream.placement import Holdings, ReplicaSet, replicas_ahead
 from gridstream.routing import RoutingView
 from gridstream.v1 import stateserver_pb2, stateserver_pb2_grpc
 
@@ -298,6 +298,57 @@ class ReplicaClient:
             silent += failed
         return await self._enough(what, replicas, answers, silent)
 
+    async def _read_job(self, what: str, job_id: str, call: Call) -> None:
+        """Runs ``call``, a read of job ``job_id`` that merges what it gets,
+        on as few servers as the read rule needs (:meth:`_ask_enough`), and
+        meanwhile asks every live server what it holds of the job (per
+        operator, a small answer). A server not read that holds a newer
+        result version or state window of an operator than every server
+        read is read too (logged at WARNING): the read rule assumes a server
+        keeps what it acknowledged, which a machine crash can break
+        (``docs/stateservers.md``), and then the rows of its last writes
+        would be missing from the read until its catch-up."""
+        holdings = asyncio.ensure_future(self._holdings(job_id))
+        try:
+            answers = await self._ask_enough(what, call, job_id)
+        except BaseException:
+            holdings.cancel()
+            await asyncio.gather(holdings, return_exceptions=True)
+            raise
+        ahead = replicas_ahead({node for node, _ in answers}, await holdings)
+        if ahead:
+            log.warning("%s: %s held newer rows of the job than the replica read; reading it "
+                        "too", what, ", ".join(ahead))
+            replicas = await self._replica_set()
+            _, failed = await self._ask(what, call, replicas,
+                                        [n for n in ahead if n in replicas.readable])
+            if failed:
+                log.warning("%s: went on without %s", what, "; ".join(failed))
+
+    async def _holdings(self, job_id: str) -> dict[str, Holdings | None]:
+        """Per live server, (result version, state window or -1) per operator
+        of the job it holds; None for a server that did not answer."""
+        replicas = await self._replica_set()
+        request = stateserver_pb2.ReadResultsRequest(job_id=job_id, holdings_only=True)
+
+        async def held(stub: stateserver_pb2_grpc.StateServerStub) -> Holdings:
+            out: Holdings = {}
+            async for chunk in rpc.idle_stream(stub.ReadResults(request),
+                                               f"holdings of {job_id}"):
+                for h in chunk.holdings:
+                    out[h.operator_id] = (h.results_version,
+                                          h.state_window if h.has_state else -1)
+            return out
+
+        nodes = sorted(replicas.readable)
+        results = await asyncio.gather(*(held(self._stub(replicas.readable[n])) for n in nodes),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, asyncio.CancelledError):
+                raise result
+        return {node: None if isinstance(result, BaseException) else result
+                for node, result in zip(nodes, results, strict=True)}
+
     async def _ask(self, what: str, call: Call, replicas: ReplicaSet, nodes: list[str]
                    ) -> tuple[list[Any], list[str]]:
         """(answers as (node, result), failures as text) of ``nodes``, asked at
@@ -375,7 +426,7 @@ class ReplicaClient:
                     if held is None or version >= held[1]:
                         merged[key] = (value, version)
 
-        await self._ask_enough(f"reading results of {job_id}", read, job_id)
+        await self._read_job(f"reading results of {job_id}", job_id, read)
         return merged
 
     async def read_dead_letters(self, job_id: str) -> list[tuple[str, str, str, str]]:
@@ -391,7 +442,7 @@ class ReplicaClient:
                 for entry_id, stage, record, error in codec.unpack(chunk.entries):
                     merged[entry_id] = (entry_id, stage, record, error)
 
-        await self._ask_enough(f"reading dead letters of {job_id}", read, job_id)
+        await self._read_job(f"reading dead letters of {job_id}", job_id, read)
         return [merged[k] for k in sorted(merged)]
 
     async def close(self) -> None:

@@ -22,7 +22,7 @@ from gridstream.v1 import stateserver_pb2 as pb
 from gridstream.v1 import stateserver_pb2_grpc
 from gridstream.validation import check_id, check_path_id
 from services.stateserver.directory import JobDirectory
-from services.stateserver.layout import SnapshotMeta
+from services.stateserver.layout import OperatorHoldings, SnapshotMeta
 from services.stateserver.rows import decode_dead_letters, decode_rows, encode_entries
 from services.stateserver.stateresults import check_sources, read_state_rows
 from services.stateserver.statewire import first_chunk, receive_window, send_chunk
@@ -52,6 +52,14 @@ def _require_int(value: int, name: str) -> None:
     """Refuses numbers SQLite's signed 64-bit integers cannot hold."""
     if value > _MAX_SQLITE_INT:
         raise InvalidArgument(f"{name} is {value}, above 2**63-1; use a smaller number")
+
+
+def _digest(h: OperatorHoldings) -> pb.OperatorDigest:
+    """What the replica holds of one operator, as Digest and ReadResults tell it."""
+    return pb.OperatorDigest(
+        job_id=h.job_id, operator_id=h.operator_id, latest_window=h.latest_window or 0,
+        has_snapshot=h.latest_window is not None, results_version=h.results_version,
+        epoch=h.epoch, state_window=h.state_window or 0, has_state=h.state_window is not None)
 
 
 def _meta_to_pb(meta: SnapshotMeta) -> pb.SnapshotMeta:
@@ -213,8 +221,14 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
     ) -> None:
         """Streams a job's result rows, the written ones and then those read
         from the state of the reduces named in ``from_state``; an unknown job
-        streams nothing."""
+        streams nothing. With ``holdings_only``, one chunk of the job's
+        holdings per operator instead (a reader's check for a replica ahead
+        of the one it read)."""
         _require(request.job_id, "job_id")
+        if request.holdings_only:
+            holdings = await self._store.holdings(request.job_id)
+            await context.write(pb.ReadResultsChunk(holdings=[_digest(h) for h in holdings]))
+            return
         sources = [(source.stage, source.key_prefix) for source in request.from_state]
         check_sources(sources)
         async for chunk in self._store.read_results(request.job_id, self._chunk_rows):
@@ -255,17 +269,8 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
         check_id(request.job_id, "job_id", required=False)
         holdings = await self._store.holdings(request.job_id)
         stats = await self._store.stats()
-        return pb.DigestResponse(
-            operators=[
-                pb.OperatorDigest(
-                    job_id=h.job_id, operator_id=h.operator_id,
-                    latest_window=h.latest_window or 0,
-                    has_snapshot=h.latest_window is not None,
-                    results_version=h.results_version, epoch=h.epoch,
-                    state_window=h.state_window or 0, has_state=h.state_window is not None)
-                for h in holdings
-            ],
-            snapshots=stats.snapshots, snapshot_bytes=stats.snapshot_bytes)
+        return pb.DigestResponse(operators=[_digest(h) for h in holdings],
+                                 snapshots=stats.snapshots, snapshot_bytes=stats.snapshot_bytes)
 
     @servicer_method
     async def ReadOperator(  # type: ignore[override]

@@ -83,7 +83,8 @@ async def test_concurrent_result_writes_share_calls_and_keep_their_own_outcomes(
 async def test_results_are_read_from_one_replica_and_from_the_next_when_it_fails(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """With two state servers every acknowledged row is on both (R = W = 2),
-    so a read asks one; a server that cannot answer is replaced by the next."""
+    so a read asks one; a server whose holdings of the job are ahead of the
+    one read is read too; a server that cannot answer is replaced by the next."""
     async with LocalCluster(tmp_path, Config(), workers=1, state_servers=2) as cluster, \
             Client(cluster.scheduler_address) as client, cluster.state_client() as replicas:
         job_id = await client.submit(wordcount.job())
@@ -93,14 +94,20 @@ async def test_results_are_read_from_one_replica_and_from_the_next_when_it_fails
         # leaves it): which of them a read returns tells which server it read.
         servers = dict(replicas.routing.replica_set.readable)
         assert sorted(servers) == ["state-1", "state-2"]
-        for name, address in servers.items():
-            await stateserver_pb2_grpc.StateServerStub(replicas.channels.get(address)).WriteResults(
+
+        async def write_to(name: str, key: str, version: int) -> None:
+            """A row at ``version`` on the server ``name`` alone."""
+            await stateserver_pb2_grpc.StateServerStub(
+                replicas.channels.get(servers[name])).WriteResults(
                 stateserver_pb2.WriteResultsRequest(
                     job_id=job_id, operator_id=operator_id(job_id, 1, 1),
-                    rows=codec.pack([[f"only-{name}", "2"]]), row_count=1,
+                    rows=codec.pack([[key, str(version)]]), row_count=1,
                     dead_letters=codec.pack([]), dead_letter_count=0,
-                    epoch=PROBE_EPOCH, version=2),
+                    epoch=PROBE_EPOCH, version=version),
                 timeout=10)
+
+        for name in servers:
+            await write_to(name, f"only-{name}", 2)
 
         rows = await replicas.read_results(job_id)
         read = [key.removeprefix("only-") for key in rows if key.startswith("only-")]
@@ -108,14 +115,28 @@ async def test_results_are_read_from_one_replica_and_from_the_next_when_it_fails
         assert rows["both"] == ("1", 1)
         assert await replicas.read_results(job_id) == rows  # the same server again
 
+        # The server not read holds a newer row (as when the one read lost
+        # its last commits in a machine crash): its holdings are ahead, so
+        # it is read too.
+        (other,) = set(servers) - {read[0]}
+        caplog.set_level(logging.INFO, logger="gridstream.replicas")
+        await write_to(other, "newer", 3)
+        rows = await replicas.read_results(job_id)
+        assert rows["newer"] == ("3", 3)
+        assert {key for key in rows if key.startswith("only-")} == {
+            f"only-{name}" for name in servers}
+        assert f"{other} held newer rows of the job than the replica read" in caplog.text
+        # Once the server read holds it too, one server is read again.
+        await write_to(read[0], "newer", 3)
+        rows = await replicas.read_results(job_id)
+        assert {key for key in rows if key.startswith("only-")} == {f"only-{read[0]}"}
+
         # The server read first dies; the routing table still lists it (no
         # refresh): the read fails there and goes on with the other one.
         cluster.hold(read[0])
         cluster.kill(read[0])
         await cluster.wait_exit(read[0])
-        caplog.set_level(logging.INFO, logger="gridstream.replicas")
         rows = await replicas.read_results(job_id)
-        (other,) = set(servers) - {read[0]}
         assert {key for key in rows if key.startswith("only-")} == {f"only-{other}"}
         assert rows["both"] == ("1", 1)
         assert f"went on without {read[0]}" in caplog.text

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gridstream.placement import ReplicaSet
+from gridstream.placement import ReplicaSet, replicas_ahead
 from gridstream.v1 import scheduler_pb2 as pb
 
 ALIVE, DEAD, LEAVING = pb.MEMBER_STATE_ALIVE, pb.MEMBER_STATE_DEAD, pb.MEMBER_STATE_LEAVING
@@ -60,3 +60,21 @@ def test_a_reader_must_hear_all_but_fewer_than_w() -> None:
     assert group.quorum == 2 and group.members == 3
     assert group.enough_heard(2)  # one silent (the dead one): every write had 2 copies
     assert not group.enough_heard(1)  # two silent: an acknowledged write may be unseen
+
+
+def test_replicas_ahead_of_the_ones_read() -> None:
+    read = {"s1"}
+    same = {"s1": {"op": (3, 7)}, "s2": {"op": (3, 7)}}
+    assert replicas_ahead(read, same) == []
+    # A newer result version, a newer state window, or an operator the read
+    # server lacks: each makes the other server worth reading.
+    assert replicas_ahead(read, {"s1": {"op": (3, 7)}, "s2": {"op": (4, 7)}}) == ["s2"]
+    assert replicas_ahead(read, {"s1": {"op": (3, 7)}, "s2": {"op": (3, 8)}}) == ["s2"]
+    assert replicas_ahead(read, {"s1": {"op": (3, 7)}, "s2": {"other": (0, -1)}}) == ["s2"]
+    # Behind is not ahead; a server that did not answer cannot be judged.
+    assert replicas_ahead(read, {"s1": {"op": (3, 7)}, "s2": {"op": (2, 6)}, "s3": None}) == []
+    # Unknown holdings of the server read: every server that answered.
+    assert replicas_ahead(read, {"s1": None, "s2": {"op": (0, -1)}, "s3": None}) == ["s2"]
+    # Two servers read: the newest of the two counts.
+    assert replicas_ahead({"s1", "s2"}, {"s1": {"op": (5, 1)}, "s2": {"op": (1, 9)},
+                                         "s3": {"op": (5, 9)}}) == []
