@@ -19,10 +19,12 @@ pytestmark = [pytest.mark.integration]
 
 # Writes a ready file naming an address nobody serves, then idles: a member
 # that died (here: is killed) between its ready file and its first health
-# answer.
+# answer. It writes the file as members do (gridstream.service.write_ready_file,
+# atomically): written in place, the test could read it empty.
 READY_THEN_IDLE = (
-    "import json, sys, time\n"
-    "open(sys.argv[1], 'w').write(json.dumps({'address': '127.0.0.1:9'}))\n"
+    "import sys, time\n"
+    "from gridstream.service import write_ready_file\n"
+    "write_ready_file(sys.argv[1], address='127.0.0.1:9')\n"
     "time.sleep(120)\n"
 )
 
