@@ -341,13 +341,9 @@ class ReplicaClient:
             return out
 
         nodes = sorted(replicas.readable)
-        results = await asyncio.gather(*(held(self._stub(replicas.readable[n])) for n in nodes),
-                                       return_exceptions=True)
-        for result in results:
-            if isinstance(result, asyncio.CancelledError):
-                raise result
-        return {node: None if isinstance(result, BaseException) else result
-                for node, result in zip(nodes, results, strict=True)}
+        answers, _ = await self._ask(f"holdings of {job_id}", held, replicas, nodes)
+        answered = dict(answers)
+        return {node: answered.get(node) for node in nodes}
 
     async def _ask(self, what: str, call: Call, replicas: ReplicaSet, nodes: list[str]
                    ) -> tuple[list[Any], list[str]]:
