@@ -42,13 +42,23 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class Entry:
-    """One batch in a container, at a fixed offset."""
+    """One batch in a container, at a fixed offset.
+
+    Its records are held decoded only while the operator may need them: once
+    processed, :meth:`release` drops the Python objects and keeps the wire
+    form, which replication, handoff and a replay need anyway. A container
+    retains a window's worth of processed batches (until a durable window and
+    tracking let it trim them); held decoded, they were most of a worker's
+    memory (a Python object per record, 150 MB and more per worker for 1M
+    taxi records) and of the garbage collector's work. A replay decodes them
+    again, on first use (:attr:`keys`, :attr:`values`)."""
 
     offset: int
     channel: str
     sequence: int
-    keys: list[Any] | None
-    values: list[Any]
+    _keys: list[Any] | None
+    _values: list[Any] | None
+    """None once released (decoded again from ``batch`` on first use)."""
     batch: common_pb2.RecordBatch | None = field(default=None, repr=False)
     """The wire form, kept when the batch arrived over gRPC so replication
     does not encode it again."""
@@ -58,11 +68,41 @@ class Entry:
     """Tuple tracking: the root (source batch) whose tree this batch is in."""
     previous_sequence: int = 0
     """What the sender said it had sent before on the channel (0: unknown)."""
+    count: int = field(init=False, default=0)
+    """Records in the batch."""
+
+    def __post_init__(self) -> None:
+        if self._values is None:
+            if self.batch is None:
+                raise ValueError("an entry needs its records or their wire form")
+            self.count = self.batch.count
+        else:
+            self.count = len(self._values)
 
     @property
-    def count(self) -> int:
-        """Records in the batch."""
-        return len(self.values)
+    def keys(self) -> list[Any] | None:
+        """The records' keys (None for an unkeyed batch)."""
+        if self._values is None:
+            self._decode()
+        return self._keys
+
+    @property
+    def values(self) -> list[Any]:
+        """The records."""
+        if self._values is None:
+            self._decode()
+        assert self._values is not None
+        return self._values
+
+    def _decode(self) -> None:
+        assert self.batch is not None
+        self._keys, self._values = codec.decode_batch(self.batch)
+
+    def release(self) -> None:
+        """Drops the decoded records if the wire form is held (every batch that
+        arrived over gRPC or was encoded by the task that produced it)."""
+        if self.batch is not None:
+            self._keys = self._values = None
 
     def wire(self) -> common_pb2.RecordBatch:
         """The batch's wire form, encoded on first use."""

@@ -326,6 +326,7 @@ class TaskRunner:
                     self._rows.update(result.sink_rows)
             if ingest and self.chain.has_sink:
                 self.latency.observe(max(0.0, time.time() - ingest), entry.count)
+            entry.release()  # retained until trimmed: as bytes, not as objects
             if dead:
                 self.dead_letters += len(dead)
                 self._dead.extend(dead)
