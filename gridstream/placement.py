@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gridstream.ring import HashRing
+from gridstream.ring import HashRing, ring_of
 from gridstream.v1 import scheduler_pb2
 
 _DEAD = scheduler_pb2.MEMBER_STATE_DEAD
@@ -46,7 +46,7 @@ class ReplicaSet:
     _ring: HashRing = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_ring", HashRing(sorted(self.writable), self.virtual_nodes))
+        object.__setattr__(self, "_ring", ring_of(tuple(sorted(self.writable)), self.virtual_nodes))
 
     @classmethod
     def from_table(cls, table: scheduler_pb2.RoutingTable, virtual_nodes: int = 100,

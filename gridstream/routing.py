@@ -24,7 +24,7 @@ import grpc
 from gridstream import rpc
 from gridstream.errors import FailedPrecondition, from_rpc_error
 from gridstream.placement import ReplicaSet
-from gridstream.ring import HashRing, assign_partitions
+from gridstream.ring import assign_partitions, ring_of
 from gridstream.v1 import scheduler_pb2, scheduler_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,10 @@ REFRESH_INTERVAL_S = 0.1
 """Least time between the starts of two fetches of the table by one process:
 however many calls name a newer epoch, the scheduler sees at most ten
 fetches a second from each member."""
+
+MAX_CACHED_ASSIGNMENTS = 4_096
+"""Assignments without some workers a view keeps (per job and set of workers
+left: a few per job); past this many, it forgets them all and starts again."""
 
 
 class RoutingView:
@@ -61,10 +65,12 @@ class RoutingView:
         """node id -> the incarnation the table lists (new at every restart)."""
         self.state_servers: dict[str, str] = {}
         self.workers: list[str] = []
-        self._worker_ring = HashRing([], virtual_nodes)
-        self._successors: dict[tuple[str, frozenset[str]], list[str]] = {}
-        """(job, workers left out) -> the owners the scheduler would assign
-        without them; cleared with every new table."""
+        self._worker_ring = ring_of((), virtual_nodes)
+        self._successors: dict[tuple[str, int, tuple[str, ...]], list[str]] = {}
+        """(job, partitions, workers left) -> the owners the scheduler would
+        assign with only those workers: what it depends on is the key, so it
+        stays valid from one table to the next (bounded by
+        :data:`MAX_CACHED_ASSIGNMENTS`)."""
         self.replica_set = ReplicaSet.from_table(self.table, virtual_nodes)
 
     async def refresh(self, at_least: int = 0) -> scheduler_pb2.RoutingTable:
@@ -134,8 +140,7 @@ class RoutingView:
             if m.role == scheduler_pb2.MEMBER_ROLE_WORKER
             and m.state != scheduler_pb2.MEMBER_STATE_DEAD
         )
-        self._worker_ring = HashRing(self.workers, self._virtual_nodes)
-        self._successors = {}
+        self._worker_ring = ring_of(tuple(self.workers), self._virtual_nodes)
         log.debug("routing table epoch %d: %d jobs, %d members", table.epoch, len(table.jobs),
                  len(table.members))
 
@@ -207,13 +212,15 @@ class RoutingView:
         """The owner of ``partition`` in the assignment without the ``gone``
         workers (what the scheduler computes when they die), or None when no
         worker is left."""
-        key = (job_id, gone)
+        left = tuple(w for w in self.workers if w not in gone)
+        if not left:
+            return None
+        key = (job_id, partitions, left)
         assignment = self._successors.get(key)
         if assignment is None:
-            left = [w for w in self.workers if w not in gone]
-            if not left:
-                return None
-            assignment = assign_partitions(HashRing(left, self._virtual_nodes), job_id,
+            assignment = assign_partitions(ring_of(left, self._virtual_nodes), job_id,
                                            partitions)
+            if len(self._successors) >= MAX_CACHED_ASSIGNMENTS:
+                self._successors.clear()  # jobs come and go: start again
             self._successors[key] = assignment
         return assignment[partition]

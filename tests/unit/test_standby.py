@@ -19,10 +19,11 @@ import msgpack
 import pytest
 
 from gridstream import codec
+from gridstream import routing as routing_module
 from gridstream.ids import partition_for_key
 from gridstream.jobspec import JobSpec, Stage, plan_tasks
 from gridstream.replicas import StateWindowRead, StoredState
-from gridstream.ring import HashRing, assign_partitions
+from gridstream.ring import HashRing, assign_partitions, ring_of
 from gridstream.routing import RoutingView
 from gridstream.v1 import scheduler_pb2, worker_pb2
 from services.worker.standby import JobPlan, StandbyStore
@@ -296,3 +297,40 @@ def test_a_taken_standby_makes_rows_only_where_its_task_writes_them(
     assert result.dead_letters == []
     assert taken.chain.states[STAGE] == {"a": 1, "x": 2}
     assert result.sink_rows == rows
+
+
+def test_a_new_table_of_the_same_workers_builds_no_ring_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Rings and the assignments without each worker depend on the workers
+    # alone: a new epoch of the same membership (a job submitted, say) finds
+    # them made, and a changed membership gets its own.
+    workers = ["worker-a", "worker-b", "worker-c", "worker-d"]
+    fewer = workers[:-1]
+    first, same, smaller = table(workers), table(workers), table(fewer)
+    expected = [view(fewer).standby_holders(JOB, p, 1) for p in range(PARTITIONS)]
+    built: list[tuple[str, ...]] = []
+    build = HashRing.__init__
+
+    def counted(ring: HashRing, members: Any, virtual_nodes: int = 100) -> None:
+        built.append(tuple(members))
+        build(ring, members, virtual_nodes)
+
+    assigned: list[str] = []
+
+    def assign(ring: HashRing, job_id: str, partitions: int) -> list[str]:
+        assigned.append(job_id)
+        return assign_partitions(ring, job_id, partitions)
+
+    monkeypatch.setattr(HashRing, "__init__", counted)
+    monkeypatch.setattr(routing_module, "assign_partitions", assign)
+    ring_of.cache_clear()
+    routing = RoutingView(cast(Any, None), VIRTUAL_NODES)
+    routing._apply(first)
+    holders = [routing.standby_holders(JOB, p, 1) for p in range(PARTITIONS)]
+    made, computed = len(built), len(assigned)
+    assert made > len(workers)  # the worker ring, and the rings without each worker
+    routing._apply(same)
+    assert [routing.standby_holders(JOB, p, 1) for p in range(PARTITIONS)] == holders
+    assert (len(built), len(assigned)) == (made, computed)
+    routing._apply(smaller)
+    assert [routing.standby_holders(JOB, p, 1) for p in range(PARTITIONS)] == expected
