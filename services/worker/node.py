@@ -420,16 +420,41 @@ class WorkerNode:
                 f"job {job_id} has {len(runtime.tasks)} tasks and {runtime.spec.partitions} "
                 f"partitions; segment names task {task} partition {partition}"
             )
-        runner = runtime.runners.get((task, partition))
-        if runner is not None and runner.container.closed:
-            runner = None
+        runner = self._open_runner(runtime, task, partition)
+        if runner is None and self.routing.owner(job_id, partition) == self.node_id:
+            # The table here gives this worker the partition, but its tasks
+            # are not aligned with it yet: the table came with another call
+            # (a push for another partition, a replicator) whose alignment
+            # is under way, or not begun (heartbeats start it). Align now, as
+            # the heartbeat would, or wait for the alignment under way, rather
+            # than refuse the batch and have its sender back off until then.
+            # Not after a fence (synced epoch 0): that waits for a new table.
+            if 0 < self._synced_epoch < self.routing.epoch:
+                await self.sync()
+            else:
+                async with self._sync_lock:
+                    pass
+            runner = self._open_runner(runtime, task, partition)
         if runner is None:
             owner = self.routing.owner(job_id, partition)
+            if owner == self.node_id:
+                raise StaleEpoch(
+                    f"partition {partition} of job {job_id} is owned here at epoch "
+                    f"{self.routing.epoch}, but its task {task} is not running (restarting "
+                    "or handing over); resend", self.routing.epoch)
             raise StaleEpoch(
                 f"stale epoch {self.routing.epoch}: partition {partition} of job {job_id} is "
                 f"owned by {owner}, not {self.node_id}; refresh the routing table and resend",
                 self.routing.epoch,
             )
+        return runner
+
+    @staticmethod
+    def _open_runner(runtime: JobRuntime, task: int, partition: int) -> TaskRunner | None:
+        """The task's runner here, unless it has none or its container was retired."""
+        runner = runtime.runners.get((task, partition))
+        if runner is not None and runner.container.closed:
+            return None
         return runner
 
     async def append_local(self, job_id: str, segment: OutSegment, timeout_s: float) -> Commit:
