@@ -53,6 +53,11 @@ class RoutingView:
         self._answered = -math.inf
         """When the last fetch that succeeded began: it answers every caller
         that asked before then."""
+        self._fell_short = False
+        """The last fetch failed or brought an older epoch than its caller
+        named: the next one waits out the interval. A fetch for an epoch the
+        cluster has made (a new job's, announced by a peer's call) goes at
+        once: epochs advance only as fast as the scheduler makes them."""
         self.fetches = 0
         """Fetches begun: what callers naming epochs cost the scheduler."""
         self.epoch = 0
@@ -79,8 +84,11 @@ class RoutingView:
         Concurrent callers share one fetch: a caller that finds, once it holds
         the lock, that a fetch begun after it asked has succeeded takes that
         table (it is as new as anything the caller could have been told).
-        Two fetches begin at least ``min_interval_s`` apart, so callers naming
-        epochs the cluster does not have cannot turn each call into a fetch."""
+        A fetch begins at least ``min_interval_s`` after the one before
+        unless that one brought the epoch its caller named and this caller
+        names one too, so callers naming epochs the cluster does not have
+        cannot turn each call into a fetch, while a new epoch the cluster
+        made (a job just submitted) is fetched as soon as a call names it."""
         asked = time.monotonic()
         async with self._lock:
             if at_least and self.epoch >= at_least:
@@ -88,10 +96,11 @@ class RoutingView:
             if self._answered >= asked:
                 return self.table
             delay = self._began + self._min_interval_s - time.monotonic()
-            if delay > 0:
+            if delay > 0 and (not at_least or self._fell_short):
                 await asyncio.sleep(delay)  # spacing fetches, not waiting for readiness
             began = self._began = time.monotonic()
             self.fetches += 1
+            self._fell_short = True  # until this fetch brings what was asked
             try:
                 table = await self._stub.GetRoutingTable(
                     scheduler_pb2.GetRoutingTableRequest(), timeout=rpc.CONTROL_TIMEOUT_S
@@ -99,6 +108,7 @@ class RoutingView:
             except grpc.aio.AioRpcError as exc:
                 raise from_rpc_error(exc, "fetching the routing table") from None
             self._answered = began
+            self._fell_short = table.epoch < at_least
             if table.epoch >= self.epoch:
                 self._apply(table)
             return self.table

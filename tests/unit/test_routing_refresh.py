@@ -8,6 +8,7 @@ in test_member_requests.py run it against a real scheduler)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from typing import Any, cast
 
@@ -90,3 +91,26 @@ async def test_a_call_that_asked_during_a_fetch_gets_a_fetch_begun_after_it() ->
     await routing.reach(6, "a push naming the epoch just made")
     await first
     assert routing.epoch == 6 and len(scheduler.calls) == 2
+
+
+async def test_a_newer_epoch_the_cluster_has_is_fetched_without_waiting_the_interval() -> None:
+    # A job is submitted just after a fetch: the first push naming its epoch
+    # must not wait out the interval that spaces fetches for epochs the
+    # cluster does not have.
+    scheduler = Scheduler(epoch=5)
+    routing = RoutingView(cast(Any, scheduler), virtual_nodes=8, min_interval_s=30.0)
+    await routing.reach(5, "a push")
+    scheduler.epoch = 6
+    await asyncio.wait_for(routing.reach(6, "the new job's first push"), 10)
+    scheduler.epoch = 7
+    await asyncio.wait_for(routing.reach(7, "the next job's first push"), 10)
+    assert routing.epoch == 7 and len(scheduler.calls) == 3
+    # An epoch the cluster does not have is fetched once, then spaced again.
+    with pytest.raises(FailedPrecondition, match="ahead of the cluster's"):
+        await asyncio.wait_for(routing.reach(FAR_AHEAD, "a made-up epoch"), 10)
+    waiting = asyncio.ensure_future(routing.reach(FAR_AHEAD, "another"))
+    done, _ = await asyncio.wait({waiting}, timeout=0.5)
+    assert not done and len(scheduler.calls) == 4
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await waiting
