@@ -429,8 +429,10 @@ class WorkerNode:
             # the heartbeat would, or wait for the alignment under way, rather
             # than refuse the batch and have its sender back off until then.
             # Not after a fence (synced epoch 0): that waits for a new table.
+            # As the heartbeat's alignment does (catch_up): every primary
+            # also checks its holders, which a newer table may have replaced.
             if 0 < self._synced_epoch < self.routing.epoch:
-                await self.sync()
+                await self.catch_up(self.routing.epoch)
             else:
                 async with self._sync_lock:
                     pass

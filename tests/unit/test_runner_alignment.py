@@ -65,7 +65,21 @@ async def test_a_push_is_taken_by_a_task_the_table_here_gives_this_worker() -> N
         routing._apply(table(3))  # the job's table is here; nothing aligned the tasks with it
         node.deploy(JOB, SPEC.to_proto())  # as the scheduler's DeployJob does at submit
         assert not node.jobs[JOB].runners
+        # The alignment is the heartbeat's own (catch_up): with it every
+        # primary checks its backup holders, which the new table may have
+        # replaced; a bare sync skipped that and, since it counted as the
+        # epoch's alignment, so did the heartbeat's (a chaos run lost
+        # acknowledged records held by a holder that had restarted empty).
+        caught_up: list[int] = []
+        catch_up = node.catch_up
+
+        async def recorded(epoch: int) -> None:
+            caught_up.append(epoch)
+            await catch_up(epoch)
+
+        node.catch_up = recorded  # type: ignore[method-assign]
         runner = await asyncio.wait_for(node.runner_for(JOB, 0, mine, 3), 10)
+        assert caught_up == [3]
         assert runner.key == (JOB, 0, mine)
         # Every partition the table gives this worker is running now.
         assert set(node.jobs[JOB].runners) == {
