@@ -37,6 +37,7 @@ from services.worker.peers import Channels, Commit, OutSegment, PeerRouter, Stat
 from services.worker.queues import Entry, JobContainer, OwnerFenced
 from services.worker.replication import BackupStore, ContainerKey, to_log_entry
 from services.worker.standby import StandbyStore
+from services.worker.stopping import stop_handle
 from services.worker.tasks import FetchedLog, TaskRunner
 from services.worker.tracker_layout import TrackerLayout
 from services.worker.trackers import TrackerHost, TrackingReporter
@@ -50,28 +51,6 @@ CHUNK_ENTRIES = 256
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE_S = 2.0
-"""How long a cancelled task may take to end before it is cancelled again."""
-
-
-async def stop_handle(handle: asyncio.Task[Any], what: str) -> None:
-    """Cancels a task and returns once it has ended. A cancellation can be
-    lost (Python 3.11's ``wait_for`` swallows one that lands as what it waits
-    for completes), which would leave the task running and its stopper, and
-    every sync behind it, waiting forever; so the cancel is repeated until
-    the task ends, with a warning when it had to be."""
-    waited = 0.0
-    while not handle.done():
-        handle.cancel()
-        await asyncio.wait({handle}, timeout=STOP_GRACE_S)
-        waited += STOP_GRACE_S
-        if not handle.done():
-            log.warning("%s still runs %.0fs after it was cancelled; cancelling it again",
-                        what, waited)
-    if not handle.cancelled():
-        error = handle.exception()  # what awaiting it would have raised
-        if error is not None:
-            raise error
 
 
 def _entries_of(chunk: worker_pb2.ContainerChunk) -> list[Entry]:
@@ -422,15 +401,11 @@ class WorkerNode:
             )
         runner = self._open_runner(runtime, task, partition)
         if runner is None and self.routing.owner(job_id, partition) == self.node_id:
-            # The table here gives this worker the partition, but its tasks
-            # are not aligned with it yet: the table came with another call
-            # (a push for another partition, a replicator) whose alignment
-            # is under way, or not begun (heartbeats start it). Align now, as
-            # the heartbeat would, or wait for the alignment under way, rather
-            # than refuse the batch and have its sender back off until then.
-            # Not after a fence (synced epoch 0): that waits for a new table.
-            # As the heartbeat's alignment does (catch_up): every primary
-            # also checks its holders, which a newer table may have replaced.
+            # The table here gives us the partition before our tasks are aligned
+            # with it (it came with another call). Align as a heartbeat would
+            # (catch_up: primaries check their holders too), or wait for the
+            # alignment under way, rather than have the sender back off until
+            # then; not after a fence (synced epoch 0): that waits for a new table.
             if 0 < self._synced_epoch < self.routing.epoch:
                 await self.catch_up(self.routing.epoch)
             else:
@@ -455,9 +430,7 @@ class WorkerNode:
     def _open_runner(runtime: JobRuntime, task: int, partition: int) -> TaskRunner | None:
         """The task's runner here, unless it has none or its container was retired."""
         runner = runtime.runners.get((task, partition))
-        if runner is not None and runner.container.closed:
-            return None
-        return runner
+        return None if runner is not None and runner.container.closed else runner
 
     async def append_local(self, job_id: str, segment: OutSegment, timeout_s: float) -> Commit:
         """Appends a segment produced on this worker to one of its containers."""

@@ -10,13 +10,13 @@ import logging
 
 import pytest
 
-from services.worker import node
-from services.worker.node import stop_handle
+from services.worker import stopping
+from services.worker.stopping import stop_handle
 
 
 async def test_a_task_that_swallowed_a_cancel_is_cancelled_again(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(node, "STOP_GRACE_S", 0.05)
+    monkeypatch.setattr(stopping, "STOP_GRACE_S", 0.05)
     swallowed = asyncio.Event()
 
     async def stubborn() -> None:
