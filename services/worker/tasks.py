@@ -25,7 +25,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from gridstream import codec
-from gridstream.codec import row_json
 from gridstream.deadletters import encode_error, encode_message
 from gridstream.errors import GridstreamError
 from gridstream.faults import FAULTS, crash_point, drop_report, tasks_fail
@@ -418,7 +417,7 @@ class TaskRunner:
         items = list(rows.items())
         chunk = 2_000
         for start in range(0, max(len(items), 1), chunk):
-            part = [[self.row_prefix + _row_key(k), row_json(v)]
+            part = [[self.row_prefix + _row_key(k), codec.row_json(v)]
                     for k, v in items[start:start + chunk]]
             dead_part = dead if start == 0 else []
             if part or dead_part:
