@@ -52,7 +52,7 @@ class Entry:
     record (taxi, 1M records: the cluster's peak memory 1,191 MB against
     1,093 MB released; latency bench at 244,000 words/s: p99 451-733 ms
     against 288-374 ms). A replay decodes them again, on first use
-    (:attr:`keys`, :attr:`values`), and holds them until trimmed."""
+    (:attr:`keys`, :attr:`values`), and the loop releases them again."""
 
     offset: int
     channel: str
