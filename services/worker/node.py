@@ -416,9 +416,9 @@ class WorkerNode:
             owner = self.routing.owner(job_id, partition)
             if owner == self.node_id:
                 raise StaleEpoch(
-                    f"partition {partition} of job {job_id} is owned here at epoch "
-                    f"{self.routing.epoch}, but its task {task} is not running (restarting "
-                    "or handing over); resend", self.routing.epoch)
+                    f"stale epoch {self.routing.epoch}: partition {partition} of job {job_id} "
+                    f"is owned here, but its task {task} is not running (restarting or "
+                    "handing over); resend", self.routing.epoch)
             raise StaleEpoch(
                 f"stale epoch {self.routing.epoch}: partition {partition} of job {job_id} is "
                 f"owned by {owner}, not {self.node_id}; refresh the routing table and resend",
