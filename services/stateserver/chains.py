@@ -303,7 +303,7 @@ class StateChains:
         if head is not None and w.window <= head[1]:
             return False, 0  # a retry, or older than what we hold
         if w.parent is None:
-            await self._replace(conn, w)
+            await self._replace(conn, w, held=head is not None)
             return True, 0
         if head is None:
             raise MissingParent(
@@ -331,27 +331,40 @@ class StateChains:
             'INSERT INTO state_deltas (job_id, operator_id, "window", parent, epoch, header, size)'
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (*key, w.window, w.parent, w.epoch, w.header, size + len(w.header)))
-        await conn.executemany(
-            'INSERT OR REPLACE INTO state_delta_entries (job_id, operator_id, "window", stage, '
-            "key, value) VALUES (?, ?, ?, ?, ?, ?)",
-            # A generator: the rows are built in aiosqlite's thread, not on the loop.
-            ((*key, w.window, stage, k, v) for stage, k, v in w.entries))
-        await conn.execute(
-            "UPDATE state_heads SET head_window = ? WHERE job_id = ? AND operator_id = ?",
-            (w.window, *key))
+        if w.entries:
+            await conn.executemany(
+                'INSERT OR REPLACE INTO state_delta_entries (job_id, operator_id, "window", '
+                "stage, key, value) VALUES (?, ?, ?, ?, ?, ?)",
+                # A generator: the rows are built in aiosqlite's thread, not on the loop.
+                ((*key, w.window, stage, k, v) for stage, k, v in w.entries))
+        # One statement: each is a round trip to the connection's thread, and
+        # the deltas held come back with the new head.
         rows = list(await conn.execute_fetchall(
-            "SELECT COUNT(*) FROM state_deltas WHERE job_id = ? AND operator_id = ?", key))
+            "UPDATE state_heads SET head_window = ? WHERE job_id = ? AND operator_id = ? "
+            "RETURNING (SELECT COUNT(*) FROM state_deltas WHERE state_deltas.job_id = "
+            "state_heads.job_id AND state_deltas.operator_id = state_heads.operator_id)",
+            (w.window, *key)))
         return True, int(rows[0][0])
 
-    async def _replace(self, conn: aiosqlite.Connection, w: StateWindow) -> None:
-        """A whole state: becomes the base, replacing everything held."""
+    async def _replace(self, conn: aiosqlite.Connection, w: StateWindow,
+                       held: bool = True) -> None:
+        """A whole state: becomes the base, replacing everything held.
+        ``held`` False: the operator has no head, so it has no rows at all
+        (every write of a head writes or deletes the rest with it, in one
+        transaction), and there is nothing to delete. Statements are skipped
+        where they would do nothing: each is a round trip to the connection's
+        thread, and a job's first windows (every operator's first window is a
+        whole state, a stateless one's empty) come all at once at its drain."""
         key = (w.job_id, w.operator_id)
-        for table in STATE_TABLES_BY_OPERATOR:
-            await conn.execute(f"DELETE FROM {table} WHERE job_id = ? AND operator_id = ?", key)
-        await conn.executemany(
-            "INSERT OR REPLACE INTO state_entries (job_id, operator_id, stage, key, value) "
-            "VALUES (?, ?, ?, ?, ?)",
-            ((*key, stage, k, v) for stage, k, v in w.entries if v is not None))
+        if held:
+            for table in STATE_TABLES_BY_OPERATOR:
+                await conn.execute(f"DELETE FROM {table} WHERE job_id = ? AND operator_id = ?",
+                                   key)
+        if w.entries:
+            await conn.executemany(
+                "INSERT OR REPLACE INTO state_entries (job_id, operator_id, stage, key, value) "
+                "VALUES (?, ?, ?, ?, ?)",
+                ((*key, stage, k, v) for stage, k, v in w.entries if v is not None))
         await conn.execute(
             "INSERT INTO state_heads (job_id, operator_id, base_window, base_epoch, base_header, "
             "head_window) VALUES (?, ?, ?, ?, ?, ?)",

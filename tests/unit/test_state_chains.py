@@ -417,3 +417,31 @@ async def test_a_retry_of_a_window_being_stored_joins_its_write(store: SnapshotS
     assert await store.states.earlier_outcome(JOB, OP, 2, epoch=2) is None  # still to send
     with pytest.raises(StaleEpoch):
         await store.states.earlier_outcome(JOB, OP, 2, epoch=1)
+
+
+async def test_a_window_runs_no_statement_that_would_change_nothing(
+        store: SnapshotStore) -> None:
+    """Each statement of a write is a round trip to the write connection's
+    thread, and a job's first windows all come at its drain: an operator's
+    first whole state deletes nothing (it holds no rows), an empty window
+    inserts no entries; a later whole state still replaces what was held."""
+    store.states.auto_compact = False
+    statements: list[str] = []
+    assert store._writer is not None
+    await store._writer.set_trace_callback(statements.append)
+    c = chain()
+    c.process(["a", "b"], [1, 2], "b#1")
+    assert await store.states.put(await window_of(c, 0, None))
+    assert not [s for s in statements if s.startswith("DELETE")]
+    statements.clear()
+    assert await store.states.put(await window_of(c, 1, 0))  # nothing touched: empty
+    assert not [s for s in statements if "state_delta_entries" in s]
+    assert await restored(store) == {"a": 1, "b": 2}
+    other = chain()  # a whole state replacing the chain: what it held goes
+    other.process(["z"], [9], "b#9")
+    statements.clear()
+    assert await store.states.put(await window_of(other, 2, None))
+    assert [s for s in statements if s.startswith("DELETE")]
+    assert await restored(store) == {"z": 9}
+    stored = await read(store)
+    assert stored is not None and [w.window for w in stored.windows] == [2]
