@@ -174,10 +174,10 @@ class TaskRunner:
         self.last_error = ""
         self.epoch = 0
         self.first_owner = False
-        """Started for the first time on this worker from the first table that
-        lists the job (set by the node): no owner came before, so nothing of
-        the task is stored or replicated anywhere and its recovery is skipped
-        (no state read, no log fetch, no empty first replication round)."""
+        """Started on this worker from the first table listing the job (set by
+        the node): no owner came before, nothing of the task is stored or
+        replicated, so recovery is skipped (no state read, no log fetch, no
+        empty first replication round)."""
         self.tracking: TaskTracking | None = None
         if spec.delivery != "at_most_once" and reporter is not None:
             self.tracking = TaskTracking(is_source=task_index == 0)
@@ -185,10 +185,10 @@ class TaskRunner:
         self.reporter_id = f"{self.operator_id}@{uuid.uuid4().hex[:12]}"
         self.tracking_flush_s = tracking_flush_s
         self.tracking_lock = asyncio.Lock()
-        """Held while reporting and while answering a tracker's collect, so a
-        collected answer and the reports around it are ordered."""
+        """Held to report and to answer a tracker's collect: orders the two."""
         self._report_wake = asyncio.Event()
         self._close_requested = False
+        self._close_when_idle = False  # a drain asked while the task was busy
         self._last_close = time.monotonic()
         self._state_keys = 0  # keys held at the last window close
         self._needs_rebuild: set[int] = set()
@@ -329,8 +329,9 @@ class TaskRunner:
             if dead:
                 self.dead_letters += len(dead)
                 self._dead.extend(dead)
-            if self.window.records >= self.window_size or self._close_requested:
-                self._close_requested = False
+            if (self.window.records >= self.window_size or self._close_requested
+                    or (self._close_when_idle and container.pending_batches == 0)):
+                self._close_requested = self._close_when_idle = False
                 self._close_window()
             elif (container.pending_batches == 0 and self.files is not None
                   and self.tracking is None and self.files.buffered):
@@ -481,12 +482,11 @@ class TaskRunner:
         return self.container.pending_batches == 0
 
     async def flush_soon(self) -> None:
-        """Closes the window at once if the task is idle and its window holds
-        processed batches whose tracking reports wait for it: a caller is
-        draining the job, so there is no point waiting for
-        ``tracking_flush_s``. A busy task closes windows by size anyway."""
-        if (self.tracking is not None and self.tracking.unreported and self.window.batches
-                and self.idle):
+        """A caller is draining the job: the window closes once the task is
+        idle (now if it is), so its last trees complete without waiting."""
+        if self.tracking is not None and not self.idle:
+            self._close_when_idle = True
+        elif self.tracking is not None and self.tracking.unreported and self.window.batches:
             self._close_requested = True
             await self.container.poke()
 
