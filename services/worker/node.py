@@ -258,9 +258,13 @@ class WorkerNode:
             await backoff.wait()
 
     async def sync(self) -> None:
-        """Brings hosted jobs and tasks in line with the routing table."""
+        """Brings hosted jobs and tasks in line with the routing table. At a
+        newer epoch a backup holder may have restarted empty or been replaced,
+        so every primary checks its holders now, not at its next append,
+        whichever call aligns (a heartbeat, a push naming a newer epoch)."""
         async with self._sync_lock:
             table = self.routing.table
+            advanced = table.epoch > self._synced_epoch
             self._synced_epoch = max(self._synced_epoch, table.epoch)
             listed = {job.job_id for job in table.jobs}
             for job in table.jobs:
@@ -283,6 +287,11 @@ class WorkerNode:
                     await self.stop_job(job_id)
             self.standbys.prune()
             self._check_tracker_layout()
+            if advanced:
+                for runtime in self.jobs.values():
+                    for runner in runtime.runners.values():
+                        if runner.replicator is not None:
+                            runner.replicator.notify()
 
     def _check_tracker_layout(self) -> None:
         """When trackers moved (a host died or joined, or the count changed),
@@ -328,22 +337,14 @@ class WorkerNode:
         log.warning("fenced: every task stopped until the routing table says otherwise")
 
     async def catch_up(self, epoch: int) -> None:
-        """Fetches the table of ``epoch`` and applies it. Membership changed, so
-        a backup holder may have restarted empty or been replaced: every
-        primary checks its holders now rather than at its next append."""
+        """Fetches the table of ``epoch`` and applies it (:meth:`sync`)."""
         await self.routing.refresh(at_least=epoch)
         await self.sync()
-        for runtime in self.jobs.values():
-            for runner in runtime.runners.values():
-                if runner.replicator is not None:
-                    runner.replicator.notify()
 
     async def on_epoch(self, epoch: int) -> None:
-        """Called with the epoch every heartbeat reports. The table may already
-        have been fetched by a shuffle or a replicator; what matters is whether
-        our tasks were aligned with it. Aligning (stopping and starting tasks)
-        runs in its own task, never in the one serving heartbeat answers: a
-        slow handoff must not hold up the answers that follow."""
+        """Called with the epoch every heartbeat reports: aligns our tasks with
+        it unless they are. Aligning runs in its own task, never in the one
+        serving heartbeat answers: a slow handoff must not hold them up."""
         if epoch > self._synced_epoch:
             self._align_target = max(self._align_target, epoch)
             self._align_wake.set()
@@ -402,10 +403,9 @@ class WorkerNode:
         runner = self._open_runner(runtime, task, partition)
         if runner is None and self.routing.owner(job_id, partition) == self.node_id:
             # The table here gives us the partition before our tasks are aligned
-            # with it (it came with another call). Align as a heartbeat would
-            # (catch_up: primaries check their holders too), or wait for the
-            # alignment under way, rather than have the sender back off until
-            # then; not after a fence (synced epoch 0): that waits for a new table.
+            # with it (it came with another call): align now, or wait for the
+            # alignment under way, rather than have the sender back off; not
+            # after a fence (synced epoch 0): that waits for a new table.
             if 0 < self._synced_epoch < self.routing.epoch:
                 await self.catch_up(self.routing.epoch)
             else:

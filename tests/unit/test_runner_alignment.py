@@ -96,3 +96,43 @@ async def test_a_push_is_taken_by_a_task_the_table_here_gives_this_worker() -> N
         assert not node.jobs[JOB].runners
         await node.close()
     await channels.close()
+
+
+async def test_every_alignment_with_a_newer_epoch_has_the_primaries_check_their_holders(
+        ) -> None:
+    """Whichever call aligns the tasks with a newer table (a heartbeat's
+    catch_up, or a push naming an epoch the worker had not seen, which syncs
+    at once), every primary checks its backup holders: the new table may
+    have replaced one, or one restarted empty. The alignment counts for the
+    epoch, so the heartbeat does not align again; when only the heartbeat's
+    path made the check, a push's alignment skipped it and a chaos run lost
+    acknowledged records. The same epoch again checks nothing."""
+    node_id = WORKERS[0]
+    routing = RoutingView(cast(Any, None), VIRTUAL_NODES)
+    routing._apply(table(3))
+    config = Config()
+    config = replace(config, cluster=replace(config.cluster, backup_count=1))
+    channels = rpc.ChannelPool()
+    async with asyncio.TaskGroup() as group:
+        node = WorkerNode(config, node_id, routing, channels, group)
+        await node.sync()
+        runners = list(node.jobs[JOB].runners.values())
+        assert runners and all(r.replicator is not None for r in runners)
+        notified: list[str] = []
+        for runner in runners:
+            replicator = runner.replicator
+            assert replicator is not None
+            notify = replicator.notify
+
+            def counted(notify: Any = notify, name: str = runner.operator_id) -> None:
+                notified.append(name)
+                notify()
+
+            replicator.notify = counted  # type: ignore[method-assign]
+        await node.sync()  # the same epoch: nothing changed
+        assert notified == []
+        routing._apply(table(4))  # a newer table, as a push's refresh brings it
+        await node.sync()
+        assert sorted(notified) == sorted(r.operator_id for r in runners)
+        await node.close()
+    await channels.close()
