@@ -389,8 +389,7 @@ class WorkerNode:
         """The runner a segment is for, refreshing the table once if the sender
         knows a newer epoch; raises NotFound or StaleEpoch with what to do."""
         if epoch > self.routing.epoch or job_id not in self.jobs:
-            await self.routing.refresh(at_least=max(epoch, self.routing.epoch + 1))
-            await self.sync()
+            await self.catch_up(max(epoch, self.routing.epoch + 1))
         runtime = self.jobs.get(job_id)
         if runtime is None:
             raise NotFound(f"unknown job id {job_id!r}; submit the job first or list jobs "

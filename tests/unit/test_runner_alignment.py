@@ -65,11 +65,9 @@ async def test_a_push_is_taken_by_a_task_the_table_here_gives_this_worker() -> N
         routing._apply(table(3))  # the job's table is here; nothing aligned the tasks with it
         node.deploy(JOB, SPEC.to_proto())  # as the scheduler's DeployJob does at submit
         assert not node.jobs[JOB].runners
-        # The alignment is the heartbeat's own (catch_up): with it every
-        # primary checks its backup holders, which the new table may have
-        # replaced; a bare sync skipped that and, since it counted as the
-        # epoch's alignment, so did the heartbeat's (a chaos run lost
-        # acknowledged records held by a holder that had restarted empty).
+        # The alignment is the heartbeat's own routine (catch_up), so a push
+        # aligns exactly as a heartbeat would (the holder check that goes
+        # with a newer epoch is the next test's).
         caught_up: list[int] = []
         catch_up = node.catch_up
 
