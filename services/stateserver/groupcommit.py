@@ -48,6 +48,8 @@ from typing import Any, TypeVar, cast
 import aiosqlite
 
 from gridstream.errors import GridstreamError, Unavailable
+from services.stateserver import threadconn
+from services.stateserver.threadconn import WriteOp
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +72,6 @@ SLOW_URGENT_WAIT_S = 0.1
 """An urgent write that waited this long for the writer is logged, with what
 the writer was doing when it arrived."""
 
-WriteOp = Callable[[aiosqlite.Connection], Awaitable[_T]]
-"""A write: runs statements on the write connection inside the writer's
-transaction and returns the caller's result. It must touch nothing but the
-database, because a failed group is rolled back and each op re-run alone."""
 
 
 class StorageError(Unavailable):
@@ -96,6 +94,11 @@ class _Pending:
     """When it was submitted (``time.monotonic``)."""
     writer_was: str = ""
     """What the writer was doing when it was submitted (urgent writes)."""
+
+
+def _never() -> bool:
+    """An urgent group runs to its end."""
+    return False
 
 
 async def _noop(_conn: aiosqlite.Connection) -> None:
@@ -132,8 +135,8 @@ def _storage_error(exc: BaseException) -> GridstreamError:
             f"state store write failed ({type(exc).__name__}: {exc}); nothing of this "
             "request was stored; check the state server's disk and retry"
         )
-    return StorageError(f"state store write failed unexpectedly ({type(exc).__name__}); "
-                        "see the state server's log")
+    return StorageError(f"state store write failed unexpectedly ({type(exc).__name__}: "
+                        f"{exc}); see the state server's log")
 
 
 class GroupCommitter:
@@ -312,14 +315,17 @@ class GroupCommitter:
             return
         results: list[Any] = []
         began = time.monotonic()
+        ops = [pending.op for pending in live]
         try:
-            await self._conn.execute("BEGIN IMMEDIATE")
             if urgent:
                 _log_slow_urgent(live, began)
-                await self._run_ops(live, results, cut_for_urgent=False)
+                results = await threadconn.on_thread(self._conn, threadconn.run_ops, ops,
+                                                     _never)
             else:
-                await self._giving_way(self._run_ops(live, results, cut_for_urgent=True))
-            await self._conn.execute("COMMIT")
+                # Between two writes the group stops for an urgent write (the
+                # rest is carried), inside one it is interrupted (below).
+                results = await self._giving_way(threadconn.on_thread(
+                    self._conn, threadconn.run_ops, ops, lambda: bool(self._urgent)))
         except asyncio.CancelledError:
             await self._rollback()
             for pending in live:
@@ -360,16 +366,6 @@ class GroupCommitter:
         for pending, result in zip(live, results, strict=True):
             if not pending.future.done():
                 pending.future.set_result(result)
-
-    async def _run_ops(self, live: list[_Pending], results: list[Any],
-                       cut_for_urgent: bool) -> None:
-        """Runs the group's writes in order, appending their results; with
-        ``cut_for_urgent`` it stops between two writes when an urgent write
-        waits (the caller commits what ran and carries the rest)."""
-        for i, pending in enumerate(live):
-            results.append(await pending.op(self._conn))
-            if cut_for_urgent and self._urgent and i + 1 < len(live):
-                return
 
     def _give_way(self, live: list[_Pending], ran_s: float) -> None:
         """After a group was interrupted and rolled back for an urgent write

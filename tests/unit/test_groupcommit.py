@@ -1,11 +1,16 @@
 """The state server's single writer (services/stateserver/groupcommit.py), on a
 real SQLite file: queued writes share transactions, and an urgent write (a
-new owner's claim) is committed before the writes queued ahead of it."""
+new owner's claim) is committed before the writes queued ahead of it.
+
+A group's writes run on the write connection's own thread, so a write that
+must be held mid-way (a long transaction, in miniature) waits on a
+:class:`Gate` there, not on an asyncio event."""
 
 from __future__ import annotations
 
 import asyncio
 import struct
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import cast
@@ -17,6 +22,7 @@ import pytest_asyncio
 from gridstream.errors import Unavailable
 from services.stateserver import groupcommit
 from services.stateserver.groupcommit import GroupCommitter, Preempted
+from tests.unit.writer_gate import Gate
 
 
 @pytest_asyncio.fixture
@@ -47,23 +53,88 @@ async def test_queued_writes_share_transactions(committer: GroupCommitter) -> No
     assert committer.writes == 200 and committer.commits < 20
 
 
+async def test_a_group_runs_on_the_connections_thread_in_one_hop(
+        committer: GroupCommitter, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group of fifty writes is one call to the connection's thread (BEGIN,
+    the writes, COMMIT), not a hand-over per statement; the writes run on
+    that thread, off the event loop."""
+    conn = committer._conn
+    hops: list[str] = []
+    real_execute = conn._execute
+
+    async def counted(fn: Callable[..., object], *args: object) -> object:
+        hops.append(getattr(fn, "__name__", "?"))
+        return await real_execute(fn, *args)
+
+    monkeypatch.setattr(conn, "_execute", counted)
+    gate = Gate()
+    threads: set[int] = set()
+
+    async def held(conn: aiosqlite.Connection) -> None:
+        gate.wait()
+
+    def noting(name: str) -> Callable[[aiosqlite.Connection], Awaitable[None]]:
+        async def op(conn: aiosqlite.Connection) -> None:
+            threads.add(threading.get_ident())
+            await insert(name, [])(conn)
+        return op
+
+    first = asyncio.ensure_future(committer.submit(held))
+    await gate.reached.wait()
+    group = [asyncio.ensure_future(committer.submit(noting(f"w{i}"))) for i in range(50)]
+    await asyncio.sleep(0)
+    hops.clear()
+    gate.open()
+    await asyncio.gather(first, *group)
+    assert len(hops) == 1, hops  # 50 writes, each two statements: one hop
+    assert len(threads) == 1 and threading.get_ident() not in threads
+    rows = await conn.execute_fetchall("SELECT COUNT(*) FROM t")
+    assert list(rows) == [(50,)]
+
+
+async def test_a_write_that_awaits_anything_but_the_database_fails_alone(
+        committer: GroupCommitter) -> None:
+    """A write op may only await its connection's statements; one that awaits
+    anything else (a bug) fails with an error that says so, nothing of it is
+    stored, and the writes grouped with it are committed."""
+    gate = Gate()
+
+    async def held(conn: aiosqlite.Connection) -> None:
+        gate.wait()
+
+    async def sleeps(conn: aiosqlite.Connection) -> None:
+        await conn.execute("INSERT INTO t VALUES ('sleeper')")
+        await asyncio.sleep(0)
+
+    first = asyncio.ensure_future(committer.submit(held))
+    await gate.reached.wait()
+    before = asyncio.ensure_future(committer.submit(insert("before", [])))
+    bad = asyncio.ensure_future(committer.submit(sleeps))
+    after = asyncio.ensure_future(committer.submit(insert("after", [])))
+    await asyncio.sleep(0)
+    gate.open()
+    await asyncio.gather(first, before, after)
+    with pytest.raises(Unavailable, match="awaited something other than"):
+        await bad
+    rows = await committer._conn.execute_fetchall("SELECT name FROM t ORDER BY name")
+    assert [row[0] for row in rows] == ["after", "before"]
+
+
 async def test_an_urgent_write_goes_ahead_of_the_queue(committer: GroupCommitter) -> None:
     order: list[str] = []
-    release = asyncio.Event()
-    started = asyncio.Event()
+    gate = Gate()
 
     async def slow(conn: aiosqlite.Connection) -> None:  # a big transaction in progress
-        started.set()
-        await release.wait()
+        gate.wait()
         order.append("slow")
 
     busy = asyncio.ensure_future(committer.submit(slow))
-    await started.wait()
+    await gate.reached.wait()
     queued = [asyncio.ensure_future(committer.submit(insert(f"w{i}", order)))
               for i in range(50)]
     claim = asyncio.ensure_future(committer.submit(insert("claim", order), urgent=True))
     await asyncio.sleep(0)  # every write is queued behind the slow one
-    release.set()
+    gate.open()
     await asyncio.gather(busy, claim, *queued)
     assert order[:2] == ["slow", "claim"]  # waited for the transaction in progress only
     assert sorted(order[2:]) == sorted(f"w{i}" for i in range(50))
@@ -74,30 +145,27 @@ async def test_a_group_in_progress_yields_to_an_urgent_write(committer: GroupCom
     # committed after w2 (what was written commits first), before w3..w9, which
     # still commit, in order.
     order: list[str] = []
-    gate = asyncio.Event()
-    in_w2 = asyncio.Event()
-    block = asyncio.Event()
+    busy, in_w2 = Gate(), Gate()
 
     async def held(conn: aiosqlite.Connection) -> None:  # keeps the writer busy
-        await gate.wait()
+        busy.wait()
 
     def write(i: int) -> Callable[[aiosqlite.Connection], Awaitable[None]]:
         async def op(conn: aiosqlite.Connection) -> None:
             if i == 2:
-                in_w2.set()
-                await block.wait()
+                in_w2.wait()
             await insert(f"w{i}", order)(conn)
         return op
 
     first = asyncio.ensure_future(committer.submit(held))
-    await asyncio.sleep(0.01)
+    await busy.reached.wait()
     group = [asyncio.ensure_future(committer.submit(write(i))) for i in range(10)]
     await asyncio.sleep(0)
-    gate.set()
-    await in_w2.wait()  # the group of ten is in progress
+    busy.open()
+    await in_w2.reached.wait()  # the group of ten is in progress
     claim = asyncio.ensure_future(committer.submit(insert("claim", order), urgent=True))
     await asyncio.sleep(0)
-    block.set()
+    in_w2.open()
     await asyncio.gather(first, claim, *group)
     assert order == ["w0", "w1", "w2", "claim", *(f"w{i}" for i in range(3, 10))]
     async with committer._conn.execute("SELECT COUNT(*) FROM t") as cursor:
@@ -108,11 +176,11 @@ async def test_an_urgent_write_preempts_a_long_preemptible_one(
         committer: GroupCommitter, tmp_path: Path) -> None:
     """A compaction fold gives way to a takeover's claim: its statement is
     interrupted, its transaction rolled back, and the claim commits at once."""
-    started = asyncio.Event()
+    started = Gate()
 
     async def fold(conn: aiosqlite.Connection) -> int:
         await conn.execute("INSERT INTO t VALUES ('fold')")
-        started.set()
+        started.arrive()
         # A statement of many seconds (a fold into a big base, in miniature).
         rows = await conn.execute_fetchall(
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
@@ -121,7 +189,7 @@ async def test_an_urgent_write_preempts_a_long_preemptible_one(
 
     queued = asyncio.ensure_future(committer.submit(insert("queued", [])))
     folding = asyncio.ensure_future(committer.submit(fold, preemptible=True))
-    await started.wait()
+    await started.reached.wait()
     claim = await asyncio.wait_for(committer.submit(insert("claim", []), urgent=True), 10)
     assert claim is None
     with pytest.raises(Preempted):
@@ -148,21 +216,19 @@ async def test_a_write_whose_caller_gave_up_is_still_committed(
     """An RPC past its deadline leaves its window of state queued: it is
     committed, so the caller's retry finds it stored instead of queueing past
     its deadline again; other writes of callers that gave up are skipped."""
-    release = asyncio.Event()
-    started = asyncio.Event()
+    gate = Gate()
 
     async def slow(conn: aiosqlite.Connection) -> None:  # a long transaction in progress
-        started.set()
-        await release.wait()
+        gate.wait()
 
     busy = asyncio.ensure_future(committer.submit(slow))
-    await started.wait()
+    await gate.reached.wait()
     with pytest.raises(TimeoutError):  # the caller's deadline passes while it is queued
         await asyncio.wait_for(committer.submit(insert("given up", []),
                                                 even_if_abandoned=True), 0.05)
     with pytest.raises(TimeoutError):  # any other write of a caller that gave up is skipped
         await asyncio.wait_for(committer.submit(insert("skipped", [])), 0.05)
-    release.set()
+    gate.open()
     await busy
     await committer.flush()
     async with aiosqlite.connect(tmp_path / "db.sqlite3") as reader:
@@ -170,7 +236,7 @@ async def test_a_write_whose_caller_gave_up_is_still_committed(
     assert names == ["given up"]
 
 
-def long_statement(ran: list[str], name: str, started: asyncio.Event
+def long_statement(ran: list[str], name: str, started: Gate
                    ) -> Callable[[aiosqlite.Connection], Awaitable[None]]:
     """A write that holds the writer in one statement of many seconds the
     first time it runs (random writes into a big base, in miniature), and is
@@ -179,7 +245,7 @@ def long_statement(ran: list[str], name: str, started: asyncio.Event
         await conn.execute("INSERT INTO t VALUES (?)", (name,))
         ran.append(name)
         if ran.count(name) == 1:
-            started.set()
+            started.arrive()
             await conn.execute_fetchall(
                 "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
                 "WHERE i < 2000000000) SELECT count(*) FROM n")
@@ -192,20 +258,19 @@ async def test_an_urgent_write_interrupts_a_group_mid_write_and_the_group_runs_a
     statement is interrupted, the group rolled back, the claim committed, and
     then every write of the group stored once, none lost."""
     ran: list[str] = []
-    gate, in_w1, busy = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    busy, in_w1 = Gate(), Gate()
 
     async def held(conn: aiosqlite.Connection) -> None:  # keeps the writer busy
-        busy.set()
-        await gate.wait()
+        busy.wait()
 
     first = asyncio.ensure_future(committer.submit(held))
-    await busy.wait()
+    await busy.reached.wait()
     group = [asyncio.ensure_future(committer.submit(insert("w0", ran))),
              asyncio.ensure_future(committer.submit(long_statement(ran, "w1", in_w1))),
              asyncio.ensure_future(committer.submit(insert("w2", ran)))]
     await asyncio.sleep(0)
-    gate.set()
-    await asyncio.wait_for(in_w1.wait(), 10)  # the group is in w1's long statement
+    busy.open()
+    await asyncio.wait_for(in_w1.reached.wait(), 10)  # the group is in w1's long statement
     claim = committer.submit(insert("claim", ran), urgent=True)
     await asyncio.wait_for(claim, 10)  # the statement alone would take minutes
     await asyncio.wait_for(asyncio.gather(first, *group), 10)

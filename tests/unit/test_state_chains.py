@@ -25,6 +25,7 @@ from services.stateserver.rows import decode_state_entries
 from services.stateserver.store import SnapshotStore
 from services.worker.operators import DELETED, OperatorChain
 from services.worker.snapshots import apply_stored, pack_changes
+from tests.unit.writer_gate import Gate
 
 JOB = "job-1"
 OP = "job-1/t0/p0"
@@ -386,17 +387,15 @@ async def test_a_retry_of_a_window_being_stored_joins_its_write(store: SnapshotS
     meanwhile gets that write's outcome instead of storing it a second time,
     and a retry of a stored window is answered without its entries."""
     await store.states.put(put_window(0, {"a": 1}))
-    held_writer = asyncio.Event()
-    writer_waiting = asyncio.Event()
+    gate = Gate()
 
     async def hold(_conn: Any) -> None:
-        writer_waiting.set()
-        await held_writer.wait()
+        gate.wait()
 
     committer = store._commit()
     holding = asyncio.create_task(committer.submit(hold))
     try:
-        await writer_waiting.wait()
+        await gate.reached.wait()
         first = asyncio.create_task(store.states.put(put_window(1, {"b": 2})))
         await asyncio.sleep(0)  # the put runs up to its wait for the writer
         assert (JOB, OP, 1) in store.states._writing
@@ -408,7 +407,7 @@ async def test_a_retry_of_a_window_being_stored_joins_its_write(store: SnapshotS
         assert not retry.done()  # it waits for the queued write, it does not store again
         writes_before = committer.writes
     finally:
-        held_writer.set()
+        gate.open()
         await holding
     assert await retry is True
     assert committer.writes - writes_before == 2  # the held write, and the window once
@@ -421,8 +420,8 @@ async def test_a_retry_of_a_window_being_stored_joins_its_write(store: SnapshotS
 
 async def test_a_window_runs_no_statement_that_would_change_nothing(
         store: SnapshotStore) -> None:
-    """Each statement of a write is a round trip to the write connection's
-    thread, and a job's first windows all come at its drain: an operator's
+    """Each statement of a write is SQLite work in the writer's transaction,
+    and a job's first windows all come at its drain: an operator's
     first whole state deletes nothing (it holds no rows), an empty window
     inserts no entries; a later whole state still replaces what was held."""
     store.states.auto_compact = False

@@ -16,6 +16,7 @@ from gridstream.ids import checksum
 from services.stateserver.layout import SnapshotCorrupted, SnapshotMeta
 from services.stateserver.rows import decode_dead_letters, decode_rows, encode_entries
 from services.stateserver.store import SnapshotStore
+from tests.unit.writer_gate import Gate
 
 JOB = "job-1"
 OP = "job-1/t0/p0"
@@ -260,31 +261,30 @@ async def test_a_write_run_again_after_giving_way_to_a_claim_is_stored_whole(
     mirror is read again after the rollback, so the second run stores the
     operator's result version instead of taking it for stored."""
     op, other = f"{JOB}/t0/p1", f"{JOB}/t0/p2"
-    gate, in_long, busy = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    busy, in_long = Gate(), Gate()
     runs: list[int] = []
 
     async def held(conn: Any) -> None:  # keeps the writer busy while the group queues
-        busy.set()
-        await gate.wait()
+        busy.wait()
 
     async def long_first_run(conn: Any) -> None:  # a window's slow statement
         runs.append(1)
         if len(runs) == 1:
-            in_long.set()
+            in_long.arrive()
             await conn.execute_fetchall(
                 "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
                 "WHERE i < 2000000000) SELECT count(*) FROM n")
 
     committer = store._commit()
     first = asyncio.ensure_future(committer.submit(held))
-    await busy.wait()
+    await busy.reached.wait()
     write = asyncio.ensure_future(
         store.write_results(JOB, [("a", "1")], operator_id=op, epoch=3, version=11))
     await asyncio.sleep(0)  # the write is queued first (tasks start in order)
     slow = asyncio.ensure_future(committer.submit(long_first_run))
     await asyncio.sleep(0)
-    gate.set()
-    await asyncio.wait_for(in_long.wait(), 10)
+    busy.open()
+    await asyncio.wait_for(in_long.reached.wait(), 10)
     head = await asyncio.wait_for(store.states.head(JOB, other, claim_epoch=5), 10)
     assert head is None
     await asyncio.wait_for(asyncio.gather(first, write, slow), 10)
