@@ -162,7 +162,7 @@ class WorkerConfig:
     this often (rows go at once with a window). Without it a task whose
     queue runs empty after every batch (a low rate) makes one write to every
     state server per batch. Results are readable up to this much later; a
-    drain still waits for them. 0 writes after every batch."""
+    drain has them written at once. 0 writes after every batch."""
 
     push_timeout_s: float = 10.0
     """Deadline of a Push to another worker, including waiting for queue space."""

@@ -307,8 +307,9 @@ class Persister:
         a task hands over each time its queue runs empty (after every batch at
         a low rate) go in one write instead of one write per batch."""
         self._rows_written_at = -rows_linger_s
-        self._snapshot_queued = asyncio.Event()
-        """Set when a window is queued: it ends a linger at once."""
+        self._go_now = asyncio.Event()
+        """Set when a window is queued, or a drain waits for the rows: it ends
+        a linger at once."""
 
     def submit(
         self,
@@ -327,7 +328,7 @@ class Persister:
                 self.needs_root = False
             self._snapshot = (snapshot if self._snapshot is None
                               else snapshot.absorb(self._snapshot))
-            self._snapshot_queued.set()
+            self._go_now.set()
         if self._rows or self._dead or self._snapshot is not None:
             self._idle.clear()
             self._wake.set()
@@ -342,14 +343,24 @@ class Persister:
             + self._in_flight
         )
 
+    def hurry(self) -> None:
+        """Someone is draining the job: rows waiting for the linger go now.
+        The linger only spares the state servers a write per batch at a low
+        rate; a drain waits for every row to be durable, and would otherwise
+        wait up to a whole linger after the last batch (0.05 to 0.1 s of an
+        at-most-once wordcount's drain)."""
+        if self._rows or self._dead:
+            self._go_now.set()
+
     async def wait_idle(self) -> None:
         """Waits until everything submitted so far is durable."""
         await self._idle.wait()
 
     async def _linger(self) -> None:
         """Waits until rows may be written again (see :attr:`rows_linger_s`),
-        or until a window is queued, which goes at once with the rows."""
-        if self._snapshot is not None or self.rows_linger_s <= 0:
+        or until a window is queued, which goes at once with the rows, or a
+        drain hurries them (:meth:`hurry`)."""
+        if self._snapshot is not None or self.rows_linger_s <= 0 or self._go_now.is_set():
             return
         # The next boundary of the process's clock in steps of the linger:
         # every operator of the worker lingers to the same boundaries, so
@@ -358,7 +369,7 @@ class Persister:
         if remaining > 0:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(remaining):
-                    await self._snapshot_queued.wait()
+                    await self._go_now.wait()
 
     def _failed(self, what: str, exc: BaseException, delay: float) -> None:
         """Counts and reports a failed attempt: a warning at first, an ERROR
@@ -457,7 +468,7 @@ class Persister:
             await self._wake.wait()
             await self._linger()
             self._wake.clear()
-            self._snapshot_queued.clear()
+            self._go_now.clear()
             rows, self._rows = self._rows, {}
             dead, self._dead = self._dead, []
             snapshot, self._snapshot = self._snapshot, None

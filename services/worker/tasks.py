@@ -482,8 +482,9 @@ class TaskRunner:
         return self.container.pending_batches == 0
 
     async def flush_soon(self) -> None:
-        """A caller is draining the job: the window closes once the task is
-        idle (now if it is), so its last trees complete without waiting."""
+        """A caller is draining: lingering rows go now, and the window closes
+        once the task is idle (now if it is), so its last trees complete."""
+        self.persister.hurry()
         if self.tracking is not None and not self.idle:
             self._close_when_idle = True
         elif self.tracking is not None and self.tracking.unreported and self.window.batches:
@@ -492,7 +493,7 @@ class TaskRunner:
 
     async def _flush_timer(self) -> None:
         """Closes the window when processed batches have waited ``tracking_flush_s``
-        for a durable window, so their trees can complete without more input."""
+        for a durable window (their trees complete without more input)."""
         assert self.tracking is not None
         while True:
             # All the worker's tasks check at the same moments: their windows share calls.
@@ -578,10 +579,9 @@ class TaskRunner:
             if self.replicator is not None:
                 self.replicator.notify()
         if failed and tracking.is_source:
-            # A failed root is rebuilt from the tasks' contributions by its
-            # tracker; nothing is processed again here. Every batch of the
-            # tree is in a replicated container and is processed exactly once
-            # by the recovery of whichever task holds it (docs/recovery.md).
+            # A failed root is rebuilt by its tracker from the tasks'
+            # contributions; nothing is processed again here: each batch of the
+            # tree is processed once, by its holder's recovery (docs/recovery.md).
             tracking.figures.roots_failed += sum(1 for r in failed if r in tracking.pending)
         if not collect:
             return {}, 0, set(), set()

@@ -1,12 +1,15 @@
 """A drain that finds a task busy closes its window as soon as the task is
 idle: the trees of the last batches complete then, not at
 ``tracking_flush_s`` nor at the caller's next progress query (one more
-round trip to every worker, 25 to 60 ms apart on a busy cluster)."""
+round trip to every worker, 25 to 60 ms apart on a busy cluster). And a
+drain sends the result rows waiting for ``worker.results_linger_s`` at
+once, in every delivery mode."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import replace
 from typing import Any, cast
 
 from gridstream.jobspec import JobSpec, Stage, plan_tasks
@@ -60,3 +63,36 @@ async def test_a_drain_asked_while_busy_closes_the_window_once_the_task_is_idle(
     assert closes == [0], closes  # once, after the last batch, with the queue empty
     assert runner.window.batches == [] and runner.persister.head == 0
 
+
+
+async def test_a_drain_sends_the_rows_waiting_for_the_linger() -> None:
+    # An at-most-once task (no windows) whose rows linger for an hour: the
+    # drain's query has them written at once.
+    spec = replace(SPEC, delivery="at_most_once")
+    none = cast(Any, None)
+    runner = TaskRunner("j", spec, plan_tasks(spec), 0, 0, "worker-1", none, none, none,
+                        max_records=1_000, batch_records=100, backup_count=0,
+                        results_linger_s=3600)
+    written: list[dict[Any, Any]] = []
+    wrote = asyncio.Event()
+
+    async def write_rows(rows: dict[Any, Any], dead: list[Any]) -> None:
+        written.append(dict(rows))
+        wrote.set()
+
+    runner.persister._write_rows = write_rows
+    persisting = asyncio.create_task(runner.persister.run())
+    try:
+        runner.persister.submit({"a": 1}, [])  # the first rows go at once
+        await asyncio.wait_for(wrote.wait(), 5)
+        wrote.clear()
+        runner.persister.submit({"a": 2}, [])
+        await asyncio.sleep(0.05)
+        assert written == [{"a": 1}]  # lingering
+        await runner.flush_soon()  # the drain's query
+        with contextlib.suppress(TimeoutError):  # not written at all: asserted below
+            await asyncio.wait_for(wrote.wait(), 5)
+    finally:
+        persisting.cancel()
+        await asyncio.gather(persisting, return_exceptions=True)
+    assert written == [{"a": 1}, {"a": 2}]

@@ -1,8 +1,8 @@
 """The persister's write schedule: rows handed over between windows are
 written together, at most once per ``rows_linger_s`` and at multiples of it
 on the process's clock (so the operators of a worker write at the same
-moments and share calls), and a window never waits for the linger (its rows
-go with it, first)."""
+moments and share calls), and neither a window (its rows go with it, first)
+nor a drain waits for the linger."""
 
 from __future__ import annotations
 
@@ -100,6 +100,25 @@ async def test_a_window_goes_at_once_with_the_rows_before_it() -> None:
         await idle(persister)
     assert recorded.writes == [("rows", {"a": 1}), ("rows", {"a": 2}), ("window", 1)]
     assert recorded.durable == [10]
+
+
+async def test_a_drain_hurries_the_rows_waiting_for_the_linger() -> None:
+    # A drain waits for every row to be durable: rows lingering (here for a
+    # minute) go at once when it asks, and a hurry with nothing pending
+    # leaves the next rows to the linger.
+    async with running(60.0) as (persister, recorded):
+        persister.submit({"a": 1}, [])
+        await idle(persister)
+        persister.hurry()  # nothing pending: no effect
+        persister.submit({"a": 2}, [])
+        await asyncio.sleep(0.05)
+        assert recorded.row_writes() == [{"a": 1}]  # lingering
+        persister.hurry()
+        await idle(persister)
+        assert recorded.row_writes() == [{"a": 1}, {"a": 2}]
+        persister.submit({"a": 3}, [])
+        await asyncio.sleep(0.05)
+        assert recorded.row_writes() == [{"a": 1}, {"a": 2}]  # the linger holds again
 
 
 async def test_operators_lingering_at_different_moments_write_at_the_same_boundary() -> None:
