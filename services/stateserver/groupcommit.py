@@ -73,7 +73,6 @@ SLOW_URGENT_WAIT_S = 0.1
 the writer was doing when it arrived."""
 
 
-
 class StorageError(Unavailable):
     """SQLite refused a write (disk full, I/O error); nothing of it was stored."""
 
@@ -327,6 +326,8 @@ class GroupCommitter:
                 results = await self._giving_way(threadconn.on_thread(
                     self._conn, threadconn.run_ops, ops, lambda: bool(self._urgent)))
         except asyncio.CancelledError:
+            # The group's hand-over to the connection's thread runs on and may
+            # commit; the rollback, queued behind it, then finds nothing open.
             await self._rollback()
             for pending in live:
                 if not pending.future.done():
