@@ -337,8 +337,7 @@ class StateChains:
                 "stage, key, value) VALUES (?, ?, ?, ?, ?, ?)",
                 # A generator: the rows are built in aiosqlite's thread, not on the loop.
                 ((*key, w.window, stage, k, v) for stage, k, v in w.entries))
-        # One statement: each is a round trip to the connection's thread, and
-        # the deltas held come back with the new head.
+        # One statement, not two: the deltas held come back with the new head.
         rows = list(await conn.execute_fetchall(
             "UPDATE state_heads SET head_window = ? WHERE job_id = ? AND operator_id = ? "
             "RETURNING (SELECT COUNT(*) FROM state_deltas WHERE state_deltas.job_id = "
@@ -352,9 +351,9 @@ class StateChains:
         ``held`` False: the operator has no head, so it has no rows at all
         (every write of a head writes or deletes the rest with it, in one
         transaction), and there is nothing to delete. Statements are skipped
-        where they would do nothing: each is a round trip to the connection's
-        thread, and a job's first windows (every operator's first window is a
-        whole state, a stateless one's empty) come all at once at its drain."""
+        where they would do nothing: a job's first windows (every operator's
+        first window is a whole state, a stateless one's empty) come all at
+        once at its drain, in a state server's busiest moment."""
         key = (w.job_id, w.operator_id)
         if held:
             for table in STATE_TABLES_BY_OPERATOR:

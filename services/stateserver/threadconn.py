@@ -57,7 +57,8 @@ class _Done(Generic[_T]):
 
 
 class ThreadCursor:
-    """The part of aiosqlite's cursor the write ops use, over sqlite3's own."""
+    """The part of aiosqlite's cursor the write ops use (``rowcount``; rows
+    come from ``execute_fetchall``), over sqlite3's own."""
 
     __slots__ = ("_cursor",)
 
@@ -68,18 +69,6 @@ class ThreadCursor:
     def rowcount(self) -> int:
         """Rows the statement changed."""
         return self._cursor.rowcount
-
-    async def fetchone(self) -> Any:
-        """The next row, or None."""
-        return self._cursor.fetchone()
-
-    async def fetchall(self) -> list[Any]:
-        """Every remaining row."""
-        return self._cursor.fetchall()
-
-    async def fetchmany(self, size: int) -> list[Any]:
-        """Up to ``size`` rows."""
-        return self._cursor.fetchmany(size)
 
 
 class ThreadConnection:
@@ -103,11 +92,6 @@ class ThreadConnection:
     def execute_fetchall(self, sql: str, parameters: Sequence[Any] = ()) -> _Done[list[Any]]:
         """Runs one statement and returns all its rows."""
         return _Done(self._raw.execute(sql, parameters).fetchall())
-
-    @property
-    def in_transaction(self) -> bool:
-        """Whether a transaction is open."""
-        return self._raw.in_transaction
 
 
 WriteOp = Callable[[aiosqlite.Connection], Awaitable[_T]]
@@ -154,7 +138,11 @@ def run_ops(raw: sqlite3.Connection, ops: Sequence[WriteOp[Any]],
 async def on_thread(conn: aiosqlite.Connection, fn: Callable[..., _T], *args: Any) -> _T:
     """Runs ``fn(raw sqlite3 connection, *args)`` on ``conn``'s own thread,
     in one hop (aiosqlite's queue of calls, which every statement of
-    ``conn`` goes through in order)."""
+    ``conn`` goes through in order). It reaches into aiosqlite's connection
+    (``_execute``, ``_conn``), which aiosqlite offers no public call for:
+    requirements.txt pins the version, and a version without them fails
+    every write with a StorageError naming the AttributeError, and the
+    group commit tests with it."""
     def call() -> _T:
         return fn(conn._conn, *args)
 
