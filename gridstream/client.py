@@ -424,7 +424,7 @@ class Client(ControlCalls):
                 refresh = True
                 await self._wait_or_raise(backoff, unavailable)
                 continue
-            stub = worker_pb2_grpc.WorkerStub(self._channel(address))
+            stub = self._channels.stub(address, worker_pb2_grpc.WorkerStub)
             try:
                 await stub.Push(
                     worker_pb2.PushRequest(job_id=job_id, epoch=self._table.epoch,

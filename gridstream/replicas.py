@@ -91,7 +91,7 @@ class ReplicaClient:
         return self._result_writes.calls
 
     def _stub(self, address: str) -> stateserver_pb2_grpc.StateServerStub:
-        return stateserver_pb2_grpc.StateServerStub(self.channels.get(address))
+        return self.channels.stub(address, stateserver_pb2_grpc.StateServerStub)
 
     async def _replica_set(self) -> ReplicaSet:
         replicas = self.routing.replica_set

@@ -145,13 +145,27 @@ def server_credentials(security: SecurityConfig) -> grpc.ServerCredentials:
     )
 
 
+_StubT = TypeVar("_StubT")
+
+
 class ChannelPool:
     """One channel per peer address, opened on first use and closed together:
-    gRPC multiplexes every call to a peer over it."""
+    gRPC multiplexes every call to a peer over it. Stubs are kept per channel
+    too (:meth:`stub`): building one makes a callable per method of the
+    service, 15 to 25 µs, which a stub per call paid on every call."""
 
     def __init__(self, security: SecurityConfig | None = None) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._stubs: dict[tuple[str, Callable[[grpc.aio.Channel], Any]], Any] = {}
         self._security = security
+
+    def stub(self, address: str, make: Callable[[grpc.aio.Channel], _StubT]) -> _StubT:
+        """The stub ``make`` builds (a generated ``...Stub`` class) on the
+        channel to ``address``, built once per address and class."""
+        stub = self._stubs.get((address, make))
+        if stub is None:
+            stub = self._stubs[(address, make)] = make(self.get(address))
+        return stub
 
     def get(self, address: str) -> grpc.aio.Channel:
         """The channel to an address."""
@@ -163,6 +177,7 @@ class ChannelPool:
     async def close(self) -> None:
         """Closes every channel."""
         channels, self._channels = self._channels, {}
+        self._stubs = {}
         for channel in channels.values():
             await channel.close()
 

@@ -70,10 +70,6 @@ class SchedulerCore:
         self.warnings: list[scheduler_pb2.ClusterWarning] = []
         """Warnings active at the monitor's last sample (services.scheduler.monitor)."""
 
-    def channel(self, address: str) -> grpc.aio.Channel:
-        """A cached channel to a member."""
-        return self._channels.get(address)
-
     async def close(self) -> None:
         """Closes member channels."""
         await self._channels.close()
@@ -295,7 +291,7 @@ class SchedulerCore:
         request = worker_pb2.DeployJobRequest(job_id=record.job_id, spec=spec.to_proto())
 
         async def deploy(node_id: str, address: str) -> GridstreamError | None:
-            stub = worker_pb2_grpc.WorkerStub(self.channel(address))
+            stub = self._channels.stub(address, worker_pb2_grpc.WorkerStub)
             try:
                 await stub.DeployJob(request, timeout=rpc.CONTROL_TIMEOUT_S)
             except grpc.aio.AioRpcError as exc:
@@ -333,7 +329,7 @@ class SchedulerCore:
 
     async def _stop_on_workers(self, job_id: str) -> None:
         async def stop(address: str) -> None:
-            stub = worker_pb2_grpc.WorkerStub(self.channel(address))
+            stub = self._channels.stub(address, worker_pb2_grpc.WorkerStub)
             try:
                 await stub.StopJob(worker_pb2.StopJobRequest(job_id=job_id),
                                    timeout=rpc.CONTROL_TIMEOUT_S)
@@ -354,7 +350,7 @@ class SchedulerCore:
             await self.persist_epoch()
             await self._stop_on_workers(job_id)
             for member in self.membership.live(scheduler_pb2.MEMBER_ROLE_STATE_SERVER):
-                stub = stateserver_pb2_grpc.StateServerStub(self.channel(member.address))
+                stub = self._channels.stub(member.address, stateserver_pb2_grpc.StateServerStub)
                 try:
                     await stub.DeleteJob(stateserver_pb2.DeleteJobRequest(job_id=job_id),
                                          timeout=rpc.CONTROL_TIMEOUT_S)
@@ -375,7 +371,7 @@ class SchedulerCore:
         unreachable: list[str] = []
 
         async def ask(node_id: str, address: str) -> list[common_pb2.TaskProgress]:
-            stub = worker_pb2_grpc.WorkerStub(self.channel(address))
+            stub = self._channels.stub(address, worker_pb2_grpc.WorkerStub)
             try:
                 response = await stub.GetTaskProgress(request, timeout=rpc.CONTROL_TIMEOUT_S)
             except grpc.aio.AioRpcError as exc:

@@ -121,7 +121,7 @@ class ReplicaSync:
         self._wake.set()
 
     def _stub(self, address: str) -> stateserver_pb2_grpc.StateServerStub:
-        return stateserver_pb2_grpc.StateServerStub(self.channels.get(address))
+        return self.channels.stub(address, stateserver_pb2_grpc.StateServerStub)
 
     async def run(self) -> None:
         """Passes until cancelled; a failed pass is logged and retried."""

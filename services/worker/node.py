@@ -522,7 +522,7 @@ class WorkerNode:
 
     async def _fetch_once(self, node: str, address: str, key: ContainerKey, epoch: int
                           ) -> FetchedLog | None:
-        stub = worker_pb2_grpc.WorkerStub(self.channels.get(address))
+        stub = self.channels.stub(address, worker_pb2_grpc.WorkerStub)
         request = worker_pb2.FetchContainerRequest(
             job_id=key[0], task=key[1], partition=key[2], epoch=epoch)
         base = 0

@@ -179,7 +179,7 @@ class PeerRouter:
         if address is None:
             await self.routing.refresh()
             return segments
-        stub = worker_pb2_grpc.WorkerStub(self.channels.get(address))
+        stub = self.channels.stub(address, worker_pb2_grpc.WorkerStub)
         try:
             await stub.Push(
                 worker_pb2.PushRequest(

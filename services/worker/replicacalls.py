@@ -64,7 +64,7 @@ class ReplicationCalls:
     async def _send_many(self, address: str,
                          batch: list[Waiting[worker_pb2.ReplicateRequest, int]]
                          ) -> list[int | Exception]:
-        stub = worker_pb2_grpc.WorkerStub(self._channels.get(address))
+        stub = self._channels.stub(address, worker_pb2_grpc.WorkerStub)
 
         async def reply() -> Sequence[worker_pb2.ReplicateOutcome]:
             response: worker_pb2.ReplicateManyResponse = await stub.ReplicateMany(

@@ -388,7 +388,7 @@ class StandbyShipper:
         address = self.routing.addresses.get(holder)
         if address is None:
             return
-        stub = worker_pb2_grpc.WorkerStub(self.channels.get(address))
+        stub = self.channels.stub(address, worker_pb2_grpc.WorkerStub)
         try:
             await stub.ShipState(request, timeout=SHIP_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:

@@ -382,7 +382,7 @@ class TrackerHost:
         workers = self._workers()
 
         async def ask(address: str) -> worker_pb2.TrackingEventsResponse | None:
-            stub = worker_pb2_grpc.WorkerStub(self.channels.get(address))
+            stub = self.channels.stub(address, worker_pb2_grpc.WorkerStub)
             try:
                 response: worker_pb2.TrackingEventsResponse = await stub.TrackingEvents(
                     request, timeout=rpc.CONTROL_TIMEOUT_S)
@@ -571,7 +571,7 @@ class TrackingReporter:
                          batch: list[Waiting[worker_pb2.TrackRequest, int]]
                          ) -> list[int | Exception]:
         """One TrackMany call; an outcome per report."""
-        stub = worker_pb2_grpc.WorkerStub(self.channels.get(address))
+        stub = self.channels.stub(address, worker_pb2_grpc.WorkerStub)
 
         async def reply() -> Sequence[worker_pb2.TrackOutcome]:
             response: worker_pb2.TrackManyResponse = await stub.TrackMany(
