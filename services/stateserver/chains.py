@@ -271,14 +271,26 @@ class StateChains:
 
     async def put_copy(self, windows: list[StateWindow]) -> int:
         """Stores a peer's copy (catch-up): its windows in order, in one
-        transaction, a whole state first replacing whatever is held even if
-        older than our head (we hold a history the group has moved past).
-        Not fenced; returns how many windows were stored."""
+        transaction, a whole state first replacing whatever is held. Not
+        fenced; returns how many windows were stored.
+
+        Nothing is stored when this replica's head has meanwhile reached the
+        copy's newest window: catch-up decides to copy from digests taken
+        before it reads the peer, and the owner's writes go on in between. A
+        whole state copied then would put back an older head and drop windows
+        this replica acknowledged (one copy fewer of each than W promised),
+        and the owner's next delta would be refused for a missing parent.
+        Window numbers only grow, across owners too (from ``epoch << 20``),
+        so a head at or past the copy's holds at least as much."""
         if not windows:
             return 0
         store = self._store
+        newest = windows[-1].window
 
         async def op(conn: aiosqlite.Connection) -> tuple[int, int]:
+            held = await _head(conn, windows[0].job_id, windows[0].operator_id)
+            if held is not None and held[1] >= newest:
+                return 0, 0  # overtaken by the owner's own writes
             stored, deltas = 0, 0
             for index, window in enumerate(windows):
                 if index == 0 and window.parent is None:

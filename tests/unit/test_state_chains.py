@@ -172,6 +172,37 @@ async def test_a_new_owner_claims_the_operator_and_its_history_wins(
         await store.states.head(JOB, OP, claim_epoch=2)
 
 
+async def test_a_copy_overtaken_by_the_owners_writes_puts_back_nothing(
+        store: SnapshotStore) -> None:
+    """Catch-up decides to copy from a digest, then reads the peer; the owner
+    writes on meanwhile. A whole state copied once this replica's head has
+    reached the copy's newest window must not put back the older head: that
+    dropped an acknowledged window here, and the owner's next delta was
+    refused for a missing parent."""
+    store.states.auto_compact = False
+    c = chain()
+    c.process(["a", "b"], [1, 2], "b#0")
+    base = await window_of(c, 0, None)
+    assert await store.states.put(base)
+    c.process(["a"], [10], "b#1")
+    first = await window_of(c, 1, 0)
+    assert await store.states.put(first)
+    c.process(["b"], [20], "b#2")
+    assert await store.states.put(await window_of(c, 2, 1))  # the owner's, acknowledged
+    # The peer's copy as read before: a whole state at window 0 and the delta of window 1.
+    assert await store.states.put_copy([base, first]) == 0
+    head = await store.states.head(JOB, OP)
+    assert head is not None and head.head_window == 2
+    assert await restored(store) == c.states["sum"] == {"a": 11, "b": 22}
+    c.process(["a"], [100], "b#3")
+    assert await store.states.put(await window_of(c, 3, 2))  # chains on what it acknowledged
+    # A copy newer than what is held is still taken whole.
+    whole = StateWindow(JOB, OP, 4, 1, None, pack({"offset": 4}),
+                        [("sum", pack("a"), pack(7))])
+    assert await store.states.put_copy([whole]) == 1
+    assert await restored(store) == {"a": 7}
+
+
 async def test_holdings_and_cleanup_cover_the_state(store: SnapshotStore) -> None:
     c = chain()
     c.process(["a"], [1], "b#0")
