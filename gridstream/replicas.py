@@ -68,6 +68,14 @@ ten of each mode on one cluster, medians: exactly_once drained in 0.182 and
 writes its rows, in 0.121 and 0.117 s against 0.114 and 0.101 s)."""
 
 
+MAX_STATE_WRITES_PER_CALL = 64
+"""Windows in one PutStateMany call at most (the state server refuses more)."""
+
+MAX_STATE_BYTES_PER_CALL = 8 * 1024 * 1024
+"""A PutStateMany call takes no more windows once it carries this many bytes
+(it always takes one)."""
+
+
 class ReplicaClient:
     """Quorum writes and newest-copy reads of operators' state on the state servers.
 
@@ -84,11 +92,24 @@ class ReplicaClient:
                            MAX_RESULT_BYTES_PER_CALL, linger_s=RESULT_WRITE_LINGER_S))
         """Result writes of this process's operators, one WriteResultsMany
         call per state server at a time (see :mod:`gridstream.peercalls`)."""
+        self._state_writes: CoalescedCalls[stateserver_pb2.StateChunk, bool] = CoalescedCalls(
+            self._put_state_many, MAX_STATE_WRITES_PER_CALL, MAX_STATE_BYTES_PER_CALL)
+        """Windows of one chunk from this process's operators, one
+        PutStateMany call per state server at a time: at a drain every task
+        closes a window at once, a stream call each before."""
+        self._streams_only: set[str] = set()
+        """State servers that answered PutStateMany UNIMPLEMENTED (an older
+        version): their windows go by PutState."""
 
     @property
     def result_write_calls(self) -> int:
         """WriteResultsMany calls made so far (fewer than the writes they carried)."""
         return self._result_writes.calls
+
+    @property
+    def state_write_calls(self) -> int:
+        """PutStateMany calls made so far (fewer than the windows they carried)."""
+        return self._state_writes.calls
 
     def _stub(self, address: str) -> stateserver_pb2_grpc.StateServerStub:
         return self.channels.stub(address, stateserver_pb2_grpc.StateServerStub)
@@ -178,10 +199,47 @@ class ReplicaClient:
         messages = await state_messages(job_id, operator_id, window, epoch, parent, header,
                                         chunks)
         size = sum(len(m.header) + len(m.entries) for m in messages)
-        timeout = max(rpc.DATA_TIMEOUT_S, size / _SLOWEST_BYTES_PER_S)
-        await self._write(operator_id, f"storing window {window} of {operator_id}'s state",
-                          lambda node, address: self._stub(address).PutState(
-                              iter(messages), timeout=timeout))
+        what = f"storing window {window} of {operator_id}'s state"
+        if len(messages) == 1:  # most windows: shares a call with the others waiting
+            only = messages[0]
+            await self._write(operator_id, what, lambda node, address: self._state_writes.call(
+                address, only, size, f"{what} on {node}"))
+            return
+        timeout = _state_timeout_s(size)
+        await self._write(operator_id, what, lambda node, address: self._stub(address).PutState(
+            iter(messages), timeout=timeout))
+
+    async def _put_state_many(self, address: str,
+                              batch: list[Waiting[stateserver_pb2.StateChunk, bool]]
+                              ) -> list[bool | Exception]:
+        """One PutStateMany call; an outcome per window (whether it was
+        created, or its refusal). A state server that does not know the call
+        gets each window as a PutState of its own, now and from then on."""
+        stub = self._stub(address)
+        timeout = _state_timeout_s(sum(waiting.size for waiting in batch))
+        if address not in self._streams_only:
+            try:
+                response: stateserver_pb2.PutStateManyResponse = await stub.PutStateMany(
+                    stateserver_pb2.PutStateManyRequest(windows=[w.request for w in batch]),
+                    timeout=timeout)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                    return [from_rpc_error(exc, waiting.what) for waiting in batch]
+                log.info("state server at %s does not take PutStateMany (an older version); "
+                         "sending it windows one call each", address)
+                self._streams_only.add(address)
+            else:
+                return await many_outcomes(batch, _answered(response.outcomes),
+                                           lambda outcome: bool(outcome.created))
+
+        async def alone(waiting: Waiting[stateserver_pb2.StateChunk, bool]) -> bool | Exception:
+            try:
+                reply = await stub.PutState(iter([waiting.request]), timeout=timeout)
+            except grpc.aio.AioRpcError as exc:
+                return from_rpc_error(exc, waiting.what)
+            return bool(reply.created)
+
+        return list(await asyncio.gather(*(alone(waiting) for waiting in batch)))
 
     async def read_state(self, job_id: str, operator_id: str, epoch: int,
                          after: int | None = None) -> StoredState | None:
@@ -453,6 +511,17 @@ class ReplicaClient:
 _SLOWEST_BYTES_PER_S = 2 * 1024 * 1024
 """A PutState's deadline grows with its size at this rate, so a big state is
 not cut off by the deadline of a small write."""
+
+
+def _state_timeout_s(size: int) -> float:
+    """The deadline of a call carrying ``size`` bytes of state."""
+    return max(rpc.DATA_TIMEOUT_S, size / _SLOWEST_BYTES_PER_S)
+
+
+async def _answered(outcomes: Sequence[stateserver_pb2.PutStateOutcome]
+                    ) -> Sequence[stateserver_pb2.PutStateOutcome]:
+    """A call's outcomes, already received, as :func:`many_outcomes` awaits them."""
+    return outcomes
 
 STATE_CHUNK_BYTES = 1024 * 1024
 """About how many bytes of entries a worker puts in one StateChunk."""

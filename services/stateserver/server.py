@@ -16,7 +16,7 @@ import grpc
 
 from gridstream.errors import GridstreamError, InvalidArgument, ResourceExhausted, status_number
 from gridstream.faults import write_delay_s
-from gridstream.replicas import MAX_RESULT_WRITES_PER_CALL
+from gridstream.replicas import MAX_RESULT_WRITES_PER_CALL, MAX_STATE_WRITES_PER_CALL
 from gridstream.rpc import servicer_method
 from gridstream.v1 import stateserver_pb2 as pb
 from gridstream.v1 import stateserver_pb2_grpc
@@ -67,6 +67,11 @@ def _meta_to_pb(meta: SnapshotMeta) -> pb.SnapshotMeta:
         job_id=meta.job_id, operator_id=meta.operator_id, window=meta.window,
         epoch=meta.epoch, size=meta.size, checksum=meta.checksum,
     )
+
+
+async def _only(chunk: pb.StateChunk) -> AsyncIterator[pb.StateChunk]:
+    """One chunk as the stream a PutState of it would be."""
+    yield chunk
 
 
 async def _injected_delay() -> None:
@@ -300,7 +305,52 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
         A retry of a window already stored, or being stored, is answered
         from its first chunk: the rest is neither read nor checked."""
         await _injected_delay()
-        chunks = aiter(request_iterator)
+        return pb.PutStateResponse(created=await self._put_window(aiter(request_iterator)))
+
+    @servicer_method
+    async def PutStateMany(
+        self, request: pb.PutStateManyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PutStateManyResponse:
+        """Several small windows from one worker, each a single chunk: each
+        checked, stored and answered on its own as a PutState of it would be,
+        all at once so that they share the group commit (one operator's in
+        the order given, as they chain). A failure that is not a refusal
+        (the disk, say) fails the call once every window has finished: the
+        writer retries them all, and windows are idempotent."""
+        if len(request.windows) > MAX_STATE_WRITES_PER_CALL:
+            raise InvalidArgument(
+                f"{len(request.windows)} windows in one call; at most "
+                f"{MAX_STATE_WRITES_PER_CALL} (nothing was stored)")
+        await _injected_delay()
+        done: list[bool | BaseException] = [False] * len(request.windows)
+        by_operator: dict[tuple[str, str], list[int]] = {}
+        for index, window in enumerate(request.windows):
+            by_operator.setdefault((window.meta.job_id, window.meta.operator_id),
+                                   []).append(index)
+
+        async def store_in_order(indexes: list[int]) -> None:
+            # An operator's windows chain: each is stored after the one before.
+            for index in indexes:
+                try:
+                    done[index] = await self._put_window(_only(request.windows[index]))
+                except Exception as exc:  # answered (or raised) below, per window
+                    done[index] = exc
+
+        await asyncio.gather(*(store_in_order(indexes) for indexes in by_operator.values()))
+        outcomes = []
+        for outcome in done:
+            if isinstance(outcome, GridstreamError):
+                outcomes.append(pb.PutStateOutcome(code=status_number(outcome),
+                                                   details=str(outcome)))
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                outcomes.append(pb.PutStateOutcome(created=outcome))
+        return pb.PutStateManyResponse(outcomes=outcomes)
+
+    async def _put_window(self, chunks: AsyncIterator[pb.StateChunk]) -> bool:
+        """Stores the window ``chunks`` carry; whether it was created. A retry
+        of a window held, or being stored, is answered from its first chunk."""
         first = await first_chunk(chunks)
         job_id, operator_id = first.meta.job_id, first.meta.operator_id
         if self._directory is not None:
@@ -309,9 +359,8 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
         known = await states.earlier_outcome(job_id, operator_id, first.meta.window,
                                              first.meta.epoch)
         if known is not None:
-            return pb.PutStateResponse(created=known)
-        created = await states.put(await receive_window(first, chunks))
-        return pb.PutStateResponse(created=created)
+            return known
+        return await states.put(await receive_window(first, chunks))
 
     @servicer_method
     async def StateHead(

@@ -25,7 +25,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gridstream.auth import create_cluster_secret
 from gridstream.ids import checksum
-from gridstream.replicas import MAX_RESULT_WRITES_PER_CALL, state_messages
+from gridstream.replicas import (
+    MAX_RESULT_WRITES_PER_CALL,
+    MAX_STATE_WRITES_PER_CALL,
+    state_messages,
+)
 from gridstream.rpc import hold_member_secret, open_channel
 from gridstream.v1 import stateserver_pb2 as pb
 from gridstream.v1 import stateserver_pb2_grpc
@@ -445,6 +449,63 @@ async def test_a_retried_window_is_answered_from_its_first_chunk(
     head = await state_client.stub.StateHead(pb.StateHeadRequest(job_id=job, operator_id=op),
                                              timeout=CALL_TIMEOUT_S)
     assert (head.found, head.head_window) == (True, 1)
+
+
+async def test_put_state_many_stores_each_window_as_a_put_state_of_it_would(
+        state_client: StateClient) -> None:
+    """Windows of one chunk share a PutStateMany call: each is checked,
+    stored and answered on its own (one refused stops nothing), and one
+    operator's windows are stored in the order given, as they chain."""
+    job = "many-job"
+
+    def entries(*keys: str) -> tuple[bytes, int]:
+        return msgpack.packb([["sum", msgpack.packb(k), msgpack.packb(1)] for k in keys]), len(keys)
+
+    async def window(op: str, number: int, parent: int | None, *keys: str) -> pb.StateChunk:
+        [message] = await state_messages(job, f"{job}/{op}", number, 1, parent, b"header",
+                                         [entries(*keys)])
+        return message
+
+    async def put_many(windows: list[pb.StateChunk]) -> list[tuple[int, bool]]:
+        reply = await state_client.stub.PutStateMany(pb.PutStateManyRequest(windows=windows),
+                                                     timeout=CALL_TIMEOUT_S)
+        return [(outcome.code, outcome.created) for outcome in reply.outcomes]
+
+    corrupt = await window("t0/p2", 1, None, "c")
+    corrupt.entries = corrupt.entries[:-1] + b"\x02"
+    unended = await window("t0/p3", 1, None, "d")
+    unended.window_end = False
+    big = [f"a{i:06d}" for i in range(20_000)]  # hashed off the loop: slower than the next
+    outcomes = await put_many([
+        await window("t0/p0", 1, None, *big),
+        await window("t0/p0", 2, 1, "b"),  # chains on the window before it in the call
+        await window("t0/p1", 2, 1, "x"),  # its parent is not held here
+        corrupt,
+        unended,
+        await window("t0/p4", 1, None, "e"),
+    ])
+    invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    refused = grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert outcomes == [(0, True), (0, True), (refused, False), (invalid, False),
+                        (invalid, False), (0, True)], outcomes
+    reply = await state_client.stub.PutStateMany(pb.PutStateManyRequest(windows=[
+        await window("t0/p1", 2, 1, "x"), await window("t0/p0", 1, None, *big)]),
+        timeout=CALL_TIMEOUT_S)
+    assert "missing parent window 1" in reply.outcomes[0].details
+    assert (reply.outcomes[1].code, reply.outcomes[1].created) == (0, False)  # a retry
+    for op, head_window in (("t0/p0", 2), ("t0/p4", 1)):
+        head = await state_client.stub.StateHead(
+            pb.StateHeadRequest(job_id=job, operator_id=f"{job}/{op}"), timeout=CALL_TIMEOUT_S)
+        assert (head.found, head.head_window) == (True, head_window), op
+    for op in ("t0/p1", "t0/p2", "t0/p3"):
+        head = await state_client.stub.StateHead(
+            pb.StateHeadRequest(job_id=job, operator_id=f"{job}/{op}"), timeout=CALL_TIMEOUT_S)
+        assert not head.found, op  # nothing of a refused window was stored
+
+    too_many = [await window(f"t1/p{p}", 1, None, "k")
+                for p in range(MAX_STATE_WRITES_PER_CALL + 1)]
+    await expect_error(put_many(too_many), grpc.StatusCode.INVALID_ARGUMENT,
+                       f"at most {MAX_STATE_WRITES_PER_CALL}")
 
 
 # -- process lifecycle -----------------------------------------------------------
