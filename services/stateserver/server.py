@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, TypeVar
 
 import grpc
 
@@ -67,6 +68,26 @@ def _meta_to_pb(meta: SnapshotMeta) -> pb.SnapshotMeta:
         job_id=meta.job_id, operator_id=meta.operator_id, window=meta.window,
         epoch=meta.epoch, size=meta.size, checksum=meta.checksum,
     )
+
+
+_OutcomeT = TypeVar("_OutcomeT")
+
+
+def _answers(done: Sequence[Any], outcome: Callable[..., _OutcomeT],
+             fields: Callable[[Any], dict[str, Any]] = lambda _: {}) -> list[_OutcomeT]:
+    """The outcome message of each write of a "many" call, from what it
+    ended with: its refusal's status code and details, or ``fields`` of its
+    result. An error that is not a refusal (the disk, say) fails the whole
+    call, raised once every write has finished: the writer retries them all."""
+    outcomes = []
+    for result in done:
+        if isinstance(result, GridstreamError):
+            outcomes.append(outcome(code=status_number(result), details=str(result)))
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            outcomes.append(outcome(**fields(result)))
+    return outcomes
 
 
 async def _only(chunk: pb.StateChunk) -> AsyncIterator[pb.StateChunk]:
@@ -192,16 +213,7 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
         await _injected_delay()
         done = await asyncio.gather(*(self._write_results(write) for write in request.writes),
                                     return_exceptions=True)
-        outcomes = []
-        for outcome in done:
-            if isinstance(outcome, GridstreamError):
-                outcomes.append(pb.WriteResultsOutcome(code=status_number(outcome),
-                                                       details=str(outcome)))
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                outcomes.append(pb.WriteResultsOutcome())
-        return pb.WriteResultsManyResponse(outcomes=outcomes)
+        return pb.WriteResultsManyResponse(outcomes=_answers(done, pb.WriteResultsOutcome))
 
     async def _write_results(self, request: pb.WriteResultsRequest) -> None:
         """Checks and stores one operator's rows and dead letters."""
@@ -337,16 +349,8 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
                     done[index] = exc
 
         await asyncio.gather(*(store_in_order(indexes) for indexes in by_operator.values()))
-        outcomes = []
-        for outcome in done:
-            if isinstance(outcome, GridstreamError):
-                outcomes.append(pb.PutStateOutcome(code=status_number(outcome),
-                                                   details=str(outcome)))
-            elif isinstance(outcome, BaseException):
-                raise outcome
-            else:
-                outcomes.append(pb.PutStateOutcome(created=outcome))
-        return pb.PutStateManyResponse(outcomes=outcomes)
+        return pb.PutStateManyResponse(outcomes=_answers(
+            done, pb.PutStateOutcome, lambda created: {"created": created}))
 
     async def _put_window(self, chunks: AsyncIterator[pb.StateChunk]) -> bool:
         """Stores the window ``chunks`` carry; whether it was created. A retry
