@@ -39,7 +39,7 @@ from services.worker.operators import DELETED, StateDelta
 from services.worker.queues import OwnerFenced
 
 if TYPE_CHECKING:
-    from gridstream.replicas import StoredState
+    from gridstream.statewindows import StoredState
     from services.worker.operators import OperatorChain
 
 log = logging.getLogger(__name__)

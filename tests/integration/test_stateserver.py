@@ -25,12 +25,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gridstream.auth import create_cluster_secret
 from gridstream.ids import checksum
-from gridstream.replicas import (
-    MAX_RESULT_WRITES_PER_CALL,
-    MAX_STATE_WRITES_PER_CALL,
-    state_messages,
-)
+from gridstream.replicas import MAX_RESULT_WRITES_PER_CALL, MAX_STATE_WRITES_PER_CALL
 from gridstream.rpc import hold_member_secret, open_channel
+from gridstream.statewindows import state_messages
 from gridstream.v1 import stateserver_pb2 as pb
 from gridstream.v1 import stateserver_pb2_grpc
 

@@ -14,7 +14,7 @@ from typing import Any
 from gridstream.codec import pack
 from gridstream.config import ClusterConfig
 from gridstream.jobspec import Stage
-from gridstream.replicas import StateWindowRead, StoredState
+from gridstream.statewindows import StateWindowRead, StoredState
 from services.stateserver.layout import StateWindow
 from services.stateserver.rows import decode_state_entries
 from services.stateserver.store import SnapshotStore

@@ -22,9 +22,9 @@ from gridstream import codec
 from gridstream import routing as routing_module
 from gridstream.ids import partition_for_key
 from gridstream.jobspec import JobSpec, Stage, plan_tasks
-from gridstream.replicas import StateWindowRead, StoredState
 from gridstream.ring import HashRing, assign_partitions, ring_of
 from gridstream.routing import RoutingView
+from gridstream.statewindows import StateWindowRead, StoredState
 from gridstream.v1 import scheduler_pb2, worker_pb2
 from services.worker.standby import JobPlan, StandbyStore
 

@@ -19,7 +19,7 @@ import pytest
 from gridstream.codec import pack, unpack
 from gridstream.errors import StaleEpoch
 from gridstream.jobspec import Stage
-from gridstream.replicas import StateWindowRead, StoredState
+from gridstream.statewindows import StateWindowRead, StoredState
 from services.stateserver.layout import MissingParent, StateWindow
 from services.stateserver.rows import decode_state_entries
 from services.stateserver.store import SnapshotStore
