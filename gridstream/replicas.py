@@ -75,6 +75,10 @@ MAX_STATE_BYTES_PER_CALL = 8 * 1024 * 1024
 (it always takes one)."""
 
 
+class _NotServed(Exception):
+    """A state server answered that it has no PutStateMany (an older version)."""
+
+
 class ReplicaClient:
     """Quorum writes and newest-copy reads of operators' state on the state servers.
 
@@ -216,20 +220,25 @@ class ReplicaClient:
         gets each window as a PutState of its own, now and from then on."""
         stub = self._stub(address)
         timeout = state_timeout_s(sum(waiting.size for waiting in batch))
-        if address not in self._streams_only:
+
+        async def reply() -> Sequence[stateserver_pb2.PutStateOutcome]:
             try:
                 response: stateserver_pb2.PutStateManyResponse = await stub.PutStateMany(
                     stateserver_pb2.PutStateManyRequest(windows=[w.request for w in batch]),
                     timeout=timeout)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
-                    return [from_rpc_error(exc, waiting.what) for waiting in batch]
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    raise _NotServed from None
+                raise
+            return response.outcomes
+
+        if address not in self._streams_only:
+            try:
+                return await many_outcomes(batch, reply(), lambda outcome: bool(outcome.created))
+            except _NotServed:
                 log.info("state server at %s does not take PutStateMany (an older version); "
                          "sending it windows one call each", address)
                 self._streams_only.add(address)
-            else:
-                return await many_outcomes(batch, _answered(response.outcomes),
-                                           lambda outcome: bool(outcome.created))
 
         async def alone(waiting: Waiting[stateserver_pb2.StateChunk, bool]) -> bool | Exception:
             try:
@@ -505,12 +514,6 @@ class ReplicaClient:
             task.cancel()
         await asyncio.gather(*stragglers, return_exceptions=True)
         self._stragglers.clear()
-
-
-async def _answered(outcomes: Sequence[stateserver_pb2.PutStateOutcome]
-                    ) -> Sequence[stateserver_pb2.PutStateOutcome]:
-    """A call's outcomes, already received, as :func:`many_outcomes` awaits them."""
-    return outcomes
 
 
 async def _latest_or_corrupt(
