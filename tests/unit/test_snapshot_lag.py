@@ -149,8 +149,14 @@ def test_state_grown_by_processing_leaves_the_collectors_sight() -> None:
         assert freeze_grown_state(FREEZE_AFTER_ENTRIES - FREEZE_AFTER_ENTRIES // 2)
         frozen = gc.get_freeze_count()
         assert frozen >= len(state)  # the state's values at least
+        # Objects made since, which a freeze now would add to the count. The
+        # count may also fall, not rise, without one: whatever was alive at
+        # the freeze (a temporary of this frame, an object awaiting its
+        # finalizer) leaves the frozen set when it is freed.
+        later = [[i] for i in range(1_000)]
         assert not freeze_grown_state(-FREEZE_AFTER_ENTRIES)  # shrinking counts nothing
         assert not freeze_grown_state(FREEZE_AFTER_ENTRIES - 1)
-        assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() <= frozen, "frozen again below the threshold"
+        assert len(later) == 1_000
     finally:
         gc.unfreeze()
