@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -33,6 +34,9 @@ WRITERS = 12
 PROBE_EPOCH = 1 << 30
 """Written as an owner newer than any worker, so the job's tasks (idle: the
 test sends no records) never fence the test's windows out."""
+
+BURSTS = 30
+"""Windows written per operator after the first, each burst once the last is durable."""
 
 JOB = "state-writes-job"
 """The job of the older state server's test (which checks no job)."""
@@ -74,6 +78,36 @@ async def test_windows_of_one_chunk_share_calls_and_keep_their_own_outcomes(
         stored = await replicas.read_state(job, operator_id(job, 0, 1), epoch=0)
         assert stored is not None
         assert sum(len(msgpack.unpackb(c)) for w in stored.windows for c in w.chunks) == 30
+        await client.cancel(job)
+
+
+async def test_windows_written_back_to_back_stay_whole_on_both_replicas_while_they_catch_up(
+        tmp_path: Path) -> None:
+    """Each replica's catch-up copies from its peer while windows keep
+    arriving (a pass every 20 ms here): a copy read before the owner's next
+    window must not be stored over it. Every write must succeed on both
+    replicas (W = 2), and both must end at the last window of every operator.
+    Before the fix, a whole state copied over a newer head dropped an
+    acknowledged window, and the next delta was refused for a missing parent."""
+    config = replace(Config(), stateserver=replace(Config().stateserver, sync_interval_s=0.02))
+    async with LocalCluster(tmp_path, config, workers=1, state_servers=2) as cluster, \
+            Client(cluster.scheduler_address) as client, cluster.state_client() as replicas:
+        job = await client.submit(wordcount.job())
+        operators = [operator_id(job, task, p) for task in range(2) for p in range(12)]
+        entries = chunk(*(f"w{i}" for i in range(400)))
+        await asyncio.wait_for(asyncio.gather(*(
+            replicas.put_state(job, op, 1, PROBE_EPOCH, None, b"h", [entries])
+            for op in operators)), 30)
+        for window in range(2, BURSTS + 2):
+            await asyncio.wait_for(asyncio.gather(*(
+                replicas.put_state(job, op, window, PROBE_EPOCH, window - 1, b"h", [entries])
+                for op in operators)), 30)
+        for address in (m.address for m in cluster.members.values() if m.role == "stateserver"):
+            stub = stateserver_pb2_grpc.StateServerStub(replicas.channels.get(address))
+            for op in operators:
+                head = await stub.StateHead(
+                    stateserver_pb2.StateHeadRequest(job_id=job, operator_id=op), timeout=10)
+                assert (head.found, head.head_window) == (True, BURSTS + 1), (address, op)
         await client.cancel(job)
 
 
