@@ -165,6 +165,7 @@ class Replicator:
         """The epoch at which this primary took the container over: holders
         refuse it once a newer owner has fenced them (see BackupStore.fence)."""
         self._synced: dict[str, int] = {}  # holder -> offset it holds up to
+        self._trim_sent: dict[str, int] = {}  # holder -> the trim bound it was last sent
         self.synced_epoch = 0
         self._wake = asyncio.Event()
         self.shortfall = ""
@@ -274,7 +275,7 @@ class Replicator:
             self.shortfall, shortfall_since = "", 0.0
             try:
                 await asyncio.gather(
-                    *(self._sync(holder, end, sequences) for holder in holders)
+                    *(self._sync(holder, end, sequences, epoch) for holder in holders)
                 )
             except asyncio.CancelledError:
                 raise
@@ -306,12 +307,27 @@ class Replicator:
             for holder in list(self._synced):
                 if holder not in holders:
                     del self._synced[holder]
+                    self._trim_sent.pop(holder, None)
             self.synced_epoch = max(self.synced_epoch, epoch)
             await self.container.commit_through(end)
             if self.container.next_offset > end:
                 self._wake.set()
 
-    async def _sync(self, holder: str, end: int, sequences: dict[str, int]) -> None:
+    def _has_news_for(self, holder: str, end: int, epoch: int) -> bool:
+        """Whether a round at ``epoch`` must call ``holder``. Not when it was
+        synced to ``end`` at this very epoch and its trim bound has not moved:
+        such a call would carry nothing (a window became durable while its
+        roots are still pending, so nothing may be trimmed yet; at a drain that
+        was a third of a job's replication calls). Any change of membership
+        advances the epoch and wakes every replicator, so a holder that
+        restarted and lost its copy is still called, and sent a full one."""
+        return not (epoch == self.synced_epoch and self._synced.get(holder) == end
+                    and self._trim_sent.get(holder) == self.trim_offset())
+
+    async def _sync(self, holder: str, end: int, sequences: dict[str, int],
+                    epoch: int) -> None:
+        if not self._has_news_for(holder, end, epoch):
+            return
         address = self.routing.addresses.get(holder)
         if address is None:
             raise LookupError(f"no address for backup holder {holder}")
@@ -338,8 +354,10 @@ class Replicator:
                                                      f"replicating to {holder}")
             except GridstreamError:
                 self._synced.pop(holder, None)
+                self._trim_sent.pop(holder, None)
                 raise
             first = False
+            self._trim_sent[holder] = request.trim_below
         if held_to < end:
             # The holder lost its copy (it restarted): send it a full copy.
             self._synced.pop(holder, None)

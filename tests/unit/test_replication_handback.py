@@ -48,10 +48,13 @@ class Holder(worker_pb2_grpc.WorkerServicer):
 
     def __init__(self) -> None:
         self.store = BackupStore()
+        self.replications = 0
+        """Replications applied (or refused) so far, over all calls."""
 
     async def ReplicateMany(self, request: worker_pb2.ReplicateManyRequest,
                             context: grpc.aio.ServicerContext
                             ) -> worker_pb2.ReplicateManyResponse:
+        self.replications += len(request.requests)
         return worker_pb2.ReplicateManyResponse(outcomes=[
             worker_pb2.ReplicateOutcome(next_offset=self.store.replicate(one))
             for one in request.requests])
