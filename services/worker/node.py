@@ -40,7 +40,8 @@ from services.worker.standby import StandbyStore
 from services.worker.stopping import stop_handle
 from services.worker.tasks import FetchedLog, TaskRunner
 from services.worker.tracker_layout import TrackerLayout
-from services.worker.trackers import TrackerHost, TrackingReporter
+from services.worker.trackers import TrackerHost
+from services.worker.trackreports import TrackingReporter
 
 FETCH_TIMEOUT_S = 10.0
 FETCH_DEADLINE_S = 30.0

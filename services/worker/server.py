@@ -35,7 +35,7 @@ from services.worker.queues import ContainerClosed
 from services.worker.replicacalls import MAX_REPLICATIONS_PER_CALL
 from services.worker.tasks import TaskRunner
 from services.worker.tracker_answers import answer_tracking_events
-from services.worker.trackers import MAX_REPORTS_PER_CALL
+from services.worker.trackreports import MAX_REPORTS_PER_CALL
 
 _MARGIN_S = 0.2
 
@@ -292,6 +292,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         runners = list(runtime.runners.values()) if runtime is not None else []
         for runner in runners:
             await runner.flush_soon()
+        if request.flush:
+            self.node.trackers.drain_asked(request.job_id)
         if request.flush and all(runner.idle for runner in runners):
             self.node.trackers.hurry()
         return worker_pb2.GetTaskProgressResponse(

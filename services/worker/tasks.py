@@ -71,7 +71,7 @@ from services.worker.tracking import TaskTracking
 from services.worker.watermarks import batch_time, batch_watermark, event_inputs
 
 if TYPE_CHECKING:
-    from services.worker.trackers import TrackingReporter
+    from services.worker.trackreports import TrackingReporter
 
 log = logging.getLogger(__name__)
 

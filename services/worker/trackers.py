@@ -29,7 +29,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import grpc
@@ -37,27 +37,18 @@ import numpy as np
 import numpy.ma  # np.unique imports it at its first call (~8 ms): at start-up, not in a job
 
 from gridstream import rpc
-from gridstream.errors import GridstreamError, StaleEpoch
-from gridstream.peercalls import CoalescedCalls, Waiting, many_outcomes
-from gridstream.retry import Backoff
+from gridstream.errors import StaleEpoch
 from gridstream.routing import RoutingView
 from gridstream.tracking import TrackingTable
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 from services.worker.tracker_layout import U64, TrackerLayout, pack, unpack
+from services.worker.trackreports import TrackingReporter
 
 log = logging.getLogger(__name__)
-MAX_REPORTS_PER_CALL = 64
-"""Tracking reports in one TrackMany call at most (the host refuses more)."""
-
-MAX_REPORT_BYTES_PER_CALL = 4 * 1024 * 1024
-"""A call takes no more reports once it carries this many bytes."""
-
-REPORT_LINGER_S = 0.0
-"""How long the first report for an idle host waits for others to join its
-call (0: one step of the event loop)."""
-
 TICK_S = 0.1
 """How often timeouts are checked and pending events and rebuilds retried."""
+ANNOUNCING_MAX = 4
+"""Broadcasts of completions on their way at once, between ticks."""
 HURRY_S = 1.0
 """For this long after someone asked about a draining job (:meth:`TrackerHost.hurry`),
 completions are announced as they come instead of at the next tick."""
@@ -116,8 +107,12 @@ class TrackerHost:
         self._abandoned: dict[str, list[U64]] = {}
         """job -> abandoned roots not yet announced to every worker."""
         self._hurry_until = 0.0
+        self._draining: dict[str, float] = {}
+        """job -> until when (monotonic) a drain of it was last asked about here."""
         self._announce_now = asyncio.Event()
         """Set when completions should go out before the next tick."""
+        self._announcing: set[asyncio.Task[None]] = set()
+        """Announcements sent between ticks, still on their way (owned by :meth:`run`)."""
 
     def layout(self) -> TrackerLayout:
         """The current layout (cheap to rebuild; tables change rarely)."""
@@ -175,9 +170,20 @@ class TrackerHost:
                                      values[held]))
                 roots, values = roots[~held], values[~held]
         if roots.size:
-            done = self._table(*key).xor(roots, values)
-            self._completed(request.job_id, done)
+            self._apply(key, roots, values)
         return len(self._table(*key))
+
+    def _apply(self, key: tuple[str, int], roots: U64, values: U64) -> None:
+        """XORs a report's values into tracker ``key``'s table and queues
+        the trees it completes for announcing."""
+        table = self._table(*key)
+        done = table.xor(roots, values)
+        self._completed(key[0], done)
+        if done.size and not len(table) and self._is_draining(key[0]):
+            # The last tree this tracker held for a draining job is complete:
+            # nothing is left to batch with it, and the drain waits for this
+            # very announcement.
+            self._announce_now.set()
 
     def _completed(self, job_id: str, roots: U64) -> None:
         if roots.size and self._failures:
@@ -239,30 +245,74 @@ class TrackerHost:
         if self._events:
             self._announce_now.set()
 
+    def drain_asked(self, job_id: str) -> None:
+        """Someone asked about a drain of ``job_id`` (with a flush), perhaps
+        while this worker's tasks were still busy, so :meth:`hurry` was not
+        called. For :data:`HURRY_S`, the completion that leaves one of the
+        job's trackers here holding no tree is announced at once rather than
+        at the next tick (up to ``TICK_S`` later, which a drain would wait
+        for): it can be batched with nothing."""
+        now = time.monotonic()
+        self._draining[job_id] = now + HURRY_S
+        for job, until in list(self._draining.items()):
+            if until <= now:
+                del self._draining[job]
+
+    def _is_draining(self, job_id: str) -> bool:
+        return self._draining.get(job_id, 0.0) > time.monotonic()
+
     async def run(self) -> None:
         """Expires roots, rebuilds and announces, until cancelled: a full
         tick every ``TICK_S``, and announcements alone in between when
         :meth:`hurry` asked for them."""
         next_tick = time.monotonic() + TICK_S
-        while True:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.0, next_tick - time.monotonic())):
-                    await self._announce_now.wait()
-            self._announce_now.clear()
-            try:
-                now = time.monotonic()
-                if now >= next_tick:
-                    try:
-                        await self.tick(now)
-                    finally:  # ticks stay TICK_S apart however long one takes
-                        next_tick = time.monotonic() + TICK_S
-                else:
-                    for job_id in list(self._events):
-                        await self._announce(job_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("tracker tick failed; retrying")
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, next_tick - time.monotonic())):
+                        await self._announce_now.wait()
+                self._announce_now.clear()
+                try:
+                    now = time.monotonic()
+                    if now >= next_tick:
+                        try:
+                            await self.tick(now)
+                        finally:  # ticks stay TICK_S apart however long one takes
+                            next_tick = time.monotonic() + TICK_S
+                    else:
+                        self._announce_between_ticks()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("tracker tick failed; retrying")
+        finally:
+            for task in self._announcing:
+                task.cancel()
+            await asyncio.gather(*self._announcing, return_exceptions=True)
+
+    def _announce_between_ticks(self) -> None:
+        """Sends the completions queued so far without waiting for the
+        broadcasts still on their way: at the end of a drain, reports arrive
+        a millisecond or two apart and a broadcast takes several, so waiting
+        for each made the last completion wait for all the earlier ones. At
+        most :data:`ANNOUNCING_MAX` broadcasts are on their way at once; what
+        comes meanwhile goes with the next one, or at the next tick.
+        Announcements are sets of completed roots: their order does not
+        matter, and one that fails is queued again (see :meth:`_announce`)."""
+        for job_id in list(self._events):
+            if len(self._announcing) >= ANNOUNCING_MAX:
+                return
+            task = asyncio.ensure_future(self._announce(job_id))
+            self._announcing.add(task)
+            task.add_done_callback(self._announced)
+
+    def _announced(self, task: asyncio.Task[None]) -> None:
+        self._announcing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("announcing completions failed (%s); they go again at the next tick",
+                        task.exception())
+        if self._events and time.monotonic() < self._hurry_until:
+            self._announce_now.set()  # what waited for a free slot goes now
 
     async def tick(self, now: float) -> None:
         """One round: drop roots that moved away, expire, rebuild, announce."""
@@ -372,7 +422,11 @@ class TrackerHost:
             return
         completed = np.concatenate(batches)
         request = worker_pb2.TrackingEventsRequest(job_id=job_id, completed=pack(completed))
-        answers = await self._broadcast(request)
+        try:
+            answers = await self._broadcast(request)
+        except BaseException:
+            self._events.setdefault(job_id, []).insert(0, completed)  # not heard: kept
+            raise
         if not all(a is not None for a in answers.values()):
             # Completions that arrived meanwhile were queued afresh; keep both.
             self._events.setdefault(job_id, []).insert(0, completed)
@@ -495,88 +549,3 @@ class RebuildRound:
         sum can never reach zero again."""
         return [r for r in self.values
                 if r not in self.source_pending or r in self.known_completed]
-
-
-class TrackingReporter:
-    """Sends a worker's task reports to the trackers that hold their roots,
-    splitting each report by tracker; a part refused by a worker that no
-    longer hosts its tracker is routed again, and only that part is resent."""
-
-    def __init__(self, node_id: str, routing: RoutingView, channels: rpc.ChannelPool,
-                 host: TrackerHost) -> None:
-        self.node_id = node_id
-        self.routing = routing
-        self.channels = channels
-        self.host = host
-        self.calls: CoalescedCalls[worker_pb2.TrackRequest, int] = CoalescedCalls(
-            self._send_many, MAX_REPORTS_PER_CALL, MAX_REPORT_BYTES_PER_CALL, REPORT_LINGER_S)
-        """Reports for one host go together (see :mod:`gridstream.peercalls`)."""
-
-    async def report(self, job_id: str, partition: int, reporter: str, sequence: int,
-                     roots: list[int], values: list[int]) -> None:
-        """XORs ``values`` into ``roots`` for the task of ``partition`` here;
-        returns once every tracker applied its part. Raises StaleEpoch once
-        this worker no longer owns the partition (its successor reports)."""
-        await self._send(job_id, np.asarray(roots, dtype=np.uint64),
-                         np.asarray(values, dtype=np.uint64), reporter, sequence,
-                         rebuild=False, partition=partition)
-
-    async def rebuild(self, job_id: str, roots: list[int]) -> None:
-        """Asks the roots' trackers to rebuild them from the tasks' contributions."""
-        ids = np.asarray(roots, dtype=np.uint64)
-        await self._send(job_id, ids, np.zeros_like(ids), "", 0, rebuild=True)
-
-    async def _send(self, job_id: str, roots: U64, values: U64, reporter: str, sequence: int,
-                    rebuild: bool, partition: int = 0) -> None:
-        remaining = np.ones(roots.size, dtype=bool)
-        backoff = Backoff(f"tracking {job_id}", first_s=0.02, max_s=0.5)
-        while remaining.any():
-            owners = self.routing.owners.get(job_id, [])
-            if not rebuild and partition < len(owners) and owners[partition] != self.node_id:
-                raise StaleEpoch(f"{self.node_id} no longer owns partition {partition} of job "
-                                 f"{job_id}; its reports are its successor's to send",
-                                 self.routing.epoch)
-            layout = TrackerLayout.from_routing(self.routing)
-            trackers = layout.trackers_of(roots)
-            for tracker in np.unique(trackers[remaining]).tolist():
-                part = remaining & (trackers == tracker)
-                request = worker_pb2.TrackRequest(
-                    job_id=job_id, tracker=tracker, epoch=self.routing.epoch,
-                    roots=pack(roots[part]), values=pack(values[part]), rebuild=rebuild,
-                    reporter=reporter, sequence=sequence, partition=partition,
-                    node_id="" if rebuild else self.node_id)
-                if await self._deliver(layout.hosts[tracker], request):
-                    remaining &= ~part
-            if remaining.any():
-                await backoff.wait()
-                await self.routing.refresh()
-
-    async def _deliver(self, host: str, request: worker_pb2.TrackRequest) -> bool:
-        """True once the hosting worker applied the request."""
-        try:
-            if host == self.node_id:
-                await self.host.track(request)
-                return True
-            address = self.routing.addresses.get(host)
-            if address is None:
-                return False
-            await self.calls.call(address, request, request.ByteSize(),
-                                  f"tracking report to {host}")
-            return True
-        except GridstreamError as exc:  # routed again (stale epoch) or resent
-            log.debug("tracking report to %s failed: %s", host, exc)
-            return False
-
-    async def _send_many(self, address: str,
-                         batch: list[Waiting[worker_pb2.TrackRequest, int]]
-                         ) -> list[int | Exception]:
-        """One TrackMany call; an outcome per report."""
-        stub = self.channels.stub(address, worker_pb2_grpc.WorkerStub)
-
-        async def reply() -> Sequence[worker_pb2.TrackOutcome]:
-            response: worker_pb2.TrackManyResponse = await stub.TrackMany(
-                worker_pb2.TrackManyRequest(reports=[w.request for w in batch]),
-                timeout=rpc.CONTROL_TIMEOUT_S)
-            return response.outcomes
-
-        return await many_outcomes(batch, reply(), lambda outcome: int(outcome.roots_held))

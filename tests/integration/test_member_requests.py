@@ -31,7 +31,7 @@ from gridstream.v1 import (
     worker_pb2_grpc,
 )
 from services.worker.replicacalls import MAX_REPLICATIONS_PER_CALL
-from services.worker.trackers import MAX_REPORTS_PER_CALL
+from services.worker.trackreports import MAX_REPORTS_PER_CALL
 
 pytestmark = pytest.mark.integration
 

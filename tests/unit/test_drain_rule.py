@@ -81,18 +81,21 @@ async def test_trackers_hurry_only_once_the_jobs_tasks_here_are_idle() -> None:
     # Behind a backlog, announcing every completion as it comes would
     # multiply the broadcasts while the workers are busiest.
     hurried: list[bool] = []
+    asked: list[str] = []
     runners = {(0, 0): Runner(idle=True), (1, 0): Runner(idle=False)}
     node = SimpleNamespace(
         jobs={"j": SimpleNamespace(runners=runners)},
-        trackers=SimpleNamespace(hurry=lambda: hurried.append(True)),
+        trackers=SimpleNamespace(hurry=lambda: hurried.append(True), drain_asked=asked.append),
         progress=lambda job_id: [], routing=SimpleNamespace(epoch=3))
     servicer = WorkerServicer(cast(Any, node), max_batch_bytes=1 << 20)
     request = worker_pb2.GetTaskProgressRequest(job_id="j", flush=True)
     await servicer.GetTaskProgress(request, cast(Any, None))
     assert [r.flushed for r in runners.values()] == [1, 1] and not hurried
+    assert asked == ["j"], "a drain asked while tasks are busy is still told to the trackers"
     runners[(1, 0)].idle = True
     await servicer.GetTaskProgress(request, cast(Any, None))
     assert hurried == [True]
     await servicer.GetTaskProgress(worker_pb2.GetTaskProgressRequest(job_id="j"),
                                    cast(Any, None))
     assert hurried == [True], "a plain progress query hurries nothing"
+    assert asked == ["j", "j"]

@@ -303,3 +303,76 @@ async def test_a_drain_has_completions_announced_as_they_come(
         running.cancel()
         with pytest.raises(asyncio.CancelledError):
             await running
+
+
+async def test_the_last_tree_of_a_draining_job_is_announced_once_complete(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A drain asked while the workers were still busy does not hurry the
+    # trackers (their broadcasts would multiply behind a backlog), but the
+    # completion that leaves a tracker holding no tree of the job can be
+    # batched with nothing: it goes at once instead of at the next tick.
+    monkeypatch.setattr(trackers, "TICK_S", 30.0)
+    host = TrackerHost("worker-1", RoutingView(cast(Any, None), 64), rpc.ChannelPool())
+    announced: asyncio.Queue[list[int]] = asyncio.Queue()
+
+    async def broadcast(request: Any) -> dict[str, worker_pb2.TrackingEventsResponse]:
+        announced.put_nowait(unpack(request.completed).tolist())
+        return {"worker-1": worker_pb2.TrackingEventsResponse()}
+
+    host._broadcast = broadcast  # type: ignore[method-assign]
+    root, other = np.asarray([ROOT], dtype=np.uint64), np.asarray([CHILD_1], dtype=np.uint64)
+    value = np.asarray([0x5EED], dtype=np.uint64)
+    running = asyncio.create_task(host.run())
+    try:
+        # Not draining: a tree completing waits for the tick.
+        host._apply(("job", 0), other, value)
+        host._apply(("job", 0), other, value)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert announced.empty()
+
+        host.drain_asked("job")
+        host._apply(("job", 0), root, value)  # registered, not complete: nothing to say
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert announced.empty()
+        host._apply(("job", 0), root, value)  # complete, and the table is empty
+        assert sorted(await asyncio.wait_for(announced.get(), 10)) == [ROOT, CHILD_1]
+    finally:
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+
+
+async def test_completions_between_ticks_do_not_wait_for_an_earlier_broadcast(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # At the end of a drain reports come a millisecond or two apart and a
+    # broadcast takes several: the last completion must not queue behind the
+    # broadcasts of the earlier ones.
+    monkeypatch.setattr(trackers, "TICK_S", 30.0)
+    host = TrackerHost("worker-1", RoutingView(cast(Any, None), 64), rpc.ChannelPool())
+    announced: asyncio.Queue[list[int]] = asyncio.Queue()
+    first_heard = asyncio.Event()
+
+    async def broadcast(request: Any) -> dict[str, worker_pb2.TrackingEventsResponse]:
+        roots = unpack(request.completed).tolist()
+        announced.put_nowait(roots)
+        if roots == [ROOT]:
+            await first_heard.wait()  # a slow broadcast
+        return {"worker-1": worker_pb2.TrackingEventsResponse()}
+
+    host._broadcast = broadcast  # type: ignore[method-assign]
+    running = asyncio.create_task(host.run())
+    try:
+        host.hurry()
+        host._completed("job", np.asarray([ROOT], dtype=np.uint64))
+        assert await asyncio.wait_for(announced.get(), 10) == [ROOT]
+        host._completed("job", np.asarray([CHILD_1], dtype=np.uint64))
+        assert await asyncio.wait_for(announced.get(), 10) == [CHILD_1]
+        assert not first_heard.is_set()
+        first_heard.set()
+    finally:
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+    assert not host._announcing, "the announcements on their way were not awaited"

@@ -20,7 +20,7 @@ from gridstream import rpc
 from gridstream.routing import RoutingView
 from gridstream.v1 import scheduler_pb2, worker_pb2, worker_pb2_grpc
 from services.worker.tracker_layout import TrackerLayout
-from services.worker.trackers import TrackingReporter
+from services.worker.trackreports import TrackingReporter
 
 JOB = "job-1"
 WORKERS = ["worker-1", "worker-2"]
