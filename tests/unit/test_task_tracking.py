@@ -4,6 +4,8 @@ rebuild collects, lost batches and the retained-input bound."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any, cast
 
@@ -275,34 +277,53 @@ async def test_a_slow_root_is_not_abandoned_but_a_broken_one_is() -> None:
     assert host._count_failures("job", roots) == ([], [ROOT])
 
 
-async def test_a_drain_has_completions_announced_as_they_come(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # While a job streams, completions go out once a tick, many per broadcast.
-    # Someone draining (hurry) must not wait for the tick: it would add up to
-    # TICK_S to every drain. The tick is made too long to come in this test.
+@contextlib.asynccontextmanager
+async def announcing(monkeypatch: pytest.MonkeyPatch, slow: list[int] | None = None,
+                     release: asyncio.Event | None = None
+                     ) -> AsyncIterator[tuple[TrackerHost, asyncio.Queue[list[int]]]]:
+    """A running tracker host whose tick never comes in a test, and the
+    queue of the roots it broadcasts, one list per broadcast; a broadcast of
+    exactly ``slow`` is answered only once ``release`` is set."""
     monkeypatch.setattr(trackers, "TICK_S", 30.0)
     host = TrackerHost("worker-1", RoutingView(cast(Any, None), 64), rpc.ChannelPool())
     announced: asyncio.Queue[list[int]] = asyncio.Queue()
 
     async def broadcast(request: Any) -> dict[str, worker_pb2.TrackingEventsResponse]:
-        announced.put_nowait(unpack(request.completed).tolist())
+        roots = unpack(request.completed).tolist()
+        announced.put_nowait(roots)
+        if roots == slow and release is not None:
+            await release.wait()
         return {"worker-1": worker_pb2.TrackingEventsResponse()}
 
     host._broadcast = broadcast  # type: ignore[method-assign]
     running = asyncio.create_task(host.run())
     try:
-        host._completed("job", np.asarray([ROOT], dtype=np.uint64))
-        for _ in range(20):
-            await asyncio.sleep(0)
-        assert announced.empty()  # not hurried: it waits for the tick
-        host.hurry()  # what was waiting goes out at once ...
-        assert await asyncio.wait_for(announced.get(), 10) == [ROOT]
-        host._completed("job", np.asarray([CHILD_1], dtype=np.uint64))
-        assert await asyncio.wait_for(announced.get(), 10) == [CHILD_1]  # ... and what comes
+        yield host, announced
     finally:
         running.cancel()
         with pytest.raises(asyncio.CancelledError):
             await running
+
+
+async def nothing_announced(announced: asyncio.Queue[list[int]]) -> bool:
+    """Whether nothing was broadcast after the loop had twenty chances to."""
+    for _ in range(20):
+        await asyncio.sleep(0)
+    return announced.empty()
+
+
+async def test_a_drain_has_completions_announced_as_they_come(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # While a job streams, completions go out once a tick, many per broadcast.
+    # Someone draining (hurry) must not wait for the tick: it would add up to
+    # TICK_S to every drain.
+    async with announcing(monkeypatch) as (host, announced):
+        host._completed("job", np.asarray([ROOT], dtype=np.uint64))
+        assert await nothing_announced(announced)  # not hurried: it waits for the tick
+        host.hurry()  # what was waiting goes out at once ...
+        assert await asyncio.wait_for(announced.get(), 10) == [ROOT]
+        host._completed("job", np.asarray([CHILD_1], dtype=np.uint64))
+        assert await asyncio.wait_for(announced.get(), 10) == [CHILD_1]  # ... and what comes
 
 
 async def test_the_last_tree_of_a_draining_job_is_announced_once_complete(
@@ -311,37 +332,19 @@ async def test_the_last_tree_of_a_draining_job_is_announced_once_complete(
     # trackers (their broadcasts would multiply behind a backlog), but the
     # completion that leaves a tracker holding no tree of the job can be
     # batched with nothing: it goes at once instead of at the next tick.
-    monkeypatch.setattr(trackers, "TICK_S", 30.0)
-    host = TrackerHost("worker-1", RoutingView(cast(Any, None), 64), rpc.ChannelPool())
-    announced: asyncio.Queue[list[int]] = asyncio.Queue()
-
-    async def broadcast(request: Any) -> dict[str, worker_pb2.TrackingEventsResponse]:
-        announced.put_nowait(unpack(request.completed).tolist())
-        return {"worker-1": worker_pb2.TrackingEventsResponse()}
-
-    host._broadcast = broadcast  # type: ignore[method-assign]
     root, other = np.asarray([ROOT], dtype=np.uint64), np.asarray([CHILD_1], dtype=np.uint64)
     value = np.asarray([0x5EED], dtype=np.uint64)
-    running = asyncio.create_task(host.run())
-    try:
+    async with announcing(monkeypatch) as (host, announced):
         # Not draining: a tree completing waits for the tick.
         host._apply(("job", 0), other, value)
         host._apply(("job", 0), other, value)
-        for _ in range(20):
-            await asyncio.sleep(0)
-        assert announced.empty()
+        assert await nothing_announced(announced)
 
         host.drain_asked("job")
         host._apply(("job", 0), root, value)  # registered, not complete: nothing to say
-        for _ in range(20):
-            await asyncio.sleep(0)
-        assert announced.empty()
+        assert await nothing_announced(announced)
         host._apply(("job", 0), root, value)  # complete, and the table is empty
         assert sorted(await asyncio.wait_for(announced.get(), 10)) == [ROOT, CHILD_1]
-    finally:
-        running.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await running
 
 
 async def test_completions_between_ticks_do_not_wait_for_an_earlier_broadcast(
@@ -349,30 +352,13 @@ async def test_completions_between_ticks_do_not_wait_for_an_earlier_broadcast(
     # At the end of a drain reports come a millisecond or two apart and a
     # broadcast takes several: the last completion must not queue behind the
     # broadcasts of the earlier ones.
-    monkeypatch.setattr(trackers, "TICK_S", 30.0)
-    host = TrackerHost("worker-1", RoutingView(cast(Any, None), 64), rpc.ChannelPool())
-    announced: asyncio.Queue[list[int]] = asyncio.Queue()
-    first_heard = asyncio.Event()
-
-    async def broadcast(request: Any) -> dict[str, worker_pb2.TrackingEventsResponse]:
-        roots = unpack(request.completed).tolist()
-        announced.put_nowait(roots)
-        if roots == [ROOT]:
-            await first_heard.wait()  # a slow broadcast
-        return {"worker-1": worker_pb2.TrackingEventsResponse()}
-
-    host._broadcast = broadcast  # type: ignore[method-assign]
-    running = asyncio.create_task(host.run())
-    try:
+    release = asyncio.Event()
+    async with announcing(monkeypatch, slow=[ROOT], release=release) as (host, announced):
         host.hurry()
         host._completed("job", np.asarray([ROOT], dtype=np.uint64))
         assert await asyncio.wait_for(announced.get(), 10) == [ROOT]
         host._completed("job", np.asarray([CHILD_1], dtype=np.uint64))
         assert await asyncio.wait_for(announced.get(), 10) == [CHILD_1]
-        assert not first_heard.is_set()
-        first_heard.set()
-    finally:
-        running.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await running
+        assert not release.is_set()  # the first broadcast is still on its way
+        release.set()
     assert not host._announcing, "the announcements on their way were not awaited"
