@@ -311,7 +311,8 @@ class TrackerHost:
         if not task.cancelled() and task.exception() is not None:
             log.warning("announcing completions failed (%s); they go again at the next tick",
                         task.exception())
-        if self._events and time.monotonic() < self._hurry_until:
+        if self._events and (time.monotonic() < self._hurry_until
+                             or any(map(self._is_draining, self._events))):
             self._announce_now.set()  # what waited for a free slot goes now
 
     async def tick(self, now: float) -> None:
