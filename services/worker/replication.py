@@ -164,8 +164,8 @@ class Replicator:
         self.owner_epoch = owner_epoch or (lambda: self.routing.epoch)
         """The epoch at which this primary took the container over: holders
         refuse it once a newer owner has fenced them (see BackupStore.fence)."""
-        self._synced: dict[str, int] = {}  # holder -> offset it holds up to
-        self._trim_sent: dict[str, int] = {}  # holder -> the trim bound it was last sent
+        self._synced: dict[str, tuple[int, int]] = {}
+        """holder -> (the offset it holds up to, the trim bound it was last sent)."""
         self.synced_epoch = 0
         self._wake = asyncio.Event()
         self.shortfall = ""
@@ -307,7 +307,6 @@ class Replicator:
             for holder in list(self._synced):
                 if holder not in holders:
                     del self._synced[holder]
-                    self._trim_sent.pop(holder, None)
             self.synced_epoch = max(self.synced_epoch, epoch)
             await self.container.commit_through(end)
             if self.container.next_offset > end:
@@ -321,8 +320,8 @@ class Replicator:
         was a third of a job's replication calls). Any change of membership
         advances the epoch and wakes every replicator, so a holder that
         restarted and lost its copy is still called, and sent a full one."""
-        return not (epoch == self.synced_epoch and self._synced.get(holder) == end
-                    and self._trim_sent.get(holder) == self.trim_offset())
+        return not (epoch == self.synced_epoch
+                    and self._synced.get(holder) == (end, self.trim_offset()))
 
     async def _sync(self, holder: str, end: int, sequences: dict[str, int],
                     epoch: int) -> None:
@@ -332,10 +331,10 @@ class Replicator:
         if address is None:
             raise LookupError(f"no address for backup holder {holder}")
         job_id, task, partition = self.key
-        held = self._synced.get(holder)
-        reset = held is None
-        start = self.container.base_offset if reset else max(held or 0,
-                                                             self.container.base_offset)
+        synced = self._synced.get(holder)
+        reset = synced is None
+        start = self.container.base_offset if synced is None else max(
+            synced[0], self.container.base_offset)
         entries = self.container.entries(start, end)
         first = True
         held_to = 0
@@ -354,13 +353,11 @@ class Replicator:
                                                      f"replicating to {holder}")
             except GridstreamError:
                 self._synced.pop(holder, None)
-                self._trim_sent.pop(holder, None)
                 raise
             first = False
-            self._trim_sent[holder] = request.trim_below
         if held_to < end:
             # The holder lost its copy (it restarted): send it a full copy.
             self._synced.pop(holder, None)
             raise LookupError(f"{holder} holds {self.container.container_id} only up to "
                               f"{held_to}, not {end}; resending in full")
-        self._synced[holder] = end
+        self._synced[holder] = (end, request.trim_below)
