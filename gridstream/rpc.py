@@ -228,3 +228,53 @@ async def idle_stream(call: Any, what: str,
             yield message
     finally:
         call.cancel()
+
+
+_RequestT = TypeVar("_RequestT")
+_ResponseT = TypeVar("_ResponseT")
+
+
+class StreamAnswers:
+    """The server side of :mod:`gridstream.callstreams`: answers each request
+    of a long-lived request/response stream in order, with the unary
+    method's own handler (so a message is checked, applied and refused
+    exactly as that call would be, and a refusal of the whole request ends
+    the stream with the call's status).
+
+    Such a stream lasts as long as its caller keeps it; a stopping server
+    would wait its whole grace for them. :meth:`end_all` (called by the
+    host as it stops) cancels every one at once: a request in flight on one
+    then fails for its caller as a call to a stopping peer does."""
+
+    def __init__(self) -> None:
+        self._open: set[asyncio.Task[Any]] = set()
+        self._ended = False
+
+    async def answer_each(
+        self, requests: AsyncIterator[_RequestT], context: grpc.aio.ServicerContext,
+        answer: Callable[[_RequestT, grpc.aio.ServicerContext], Awaitable[_ResponseT]],
+    ) -> None:
+        """Writes ``answer(request)`` for each request, until the caller
+        closes the stream (or the server stops)."""
+        if self._ended:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
+        task = asyncio.current_task()
+        assert task is not None
+        self._open.add(task)
+        try:
+            async for request in requests:
+                await context.write(await answer(request, context))
+        except asyncio.CancelledError:
+            if not self._ended:
+                raise
+            # Cancelled by end_all: a cancelled handler alone leaves the call
+            # open (and the server's stop waiting for it); a status ends it.
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
+        finally:
+            self._open.discard(task)
+
+    def end_all(self) -> None:
+        """Ends every open stream and refuses new ones."""
+        self._ended = True
+        for task in list(self._open):
+            task.cancel()

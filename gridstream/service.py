@@ -107,6 +107,8 @@ class ServiceHost:
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self.server)
         self._service_names = service_names
+        self.streams = rpc.StreamAnswers()
+        """The servicers' long-lived request/response streams, ended by :meth:`stop`."""
         reflection.enable_server_reflection(
             [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME], self.server
         )
@@ -130,9 +132,11 @@ class ServiceHost:
         return self.port
 
     async def stop(self, grace_s: float = 5.0) -> None:
-        """Reports NOT_SERVING, then lets in-flight calls finish for up to ``grace_s``."""
+        """Reports NOT_SERVING, ends the long-lived streams (:attr:`streams`),
+        then lets in-flight calls finish for up to ``grace_s``."""
         for name in ["", *self._service_names]:
             await self._health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.streams.end_all()
         await self.server.stop(grace_s)
 
 

@@ -75,7 +75,7 @@ async def serve(config: Config, ready_file: str | None, stop: asyncio.Event) -> 
         async with asyncio.TaskGroup() as group:
             node = WorkerNode(config, node_id, routing, channels, group)
             worker_pb2_grpc.add_WorkerServicer_to_server(
-                WorkerServicer(node, config.worker.max_batch_bytes), host.server
+                WorkerServicer(node, config.worker.max_batch_bytes, host.streams), host.server
             )
             port = await host.start(config.worker.host, config.worker.port)
             address = f"{config.worker.advertise_host or config.worker.host}:{port}"

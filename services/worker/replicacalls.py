@@ -9,7 +9,9 @@ moment: as calls of their own, that was a gRPC call per container and holder
 CPU however small it was.
 
 Here the replications waiting for one holder go out together as one
-``ReplicateMany`` call (:class:`gridstream.peercalls.CoalescedCalls`).
+``ReplicateMany`` request (:class:`gridstream.peercalls.CoalescedCalls`),
+a message on the worker's ``ReplicateStream`` to that holder
+(:mod:`gridstream.callstreams`), not a call of its own.
 The first replication for an idle holder waits one step of the event loop
 before it goes, so the replications that the same step started (one Push
 appending to several containers) go with it: at 100,000 words/s paced, 300
@@ -24,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gridstream import rpc
+from gridstream.callstreams import CallStreams
 from gridstream.peercalls import CoalescedCalls, Waiting, many_outcomes
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 
@@ -43,8 +46,11 @@ class ReplicationCalls:
     time carrying every replication waiting for that holder."""
 
     def __init__(self, channels: rpc.ChannelPool, timeout_s: float = REPLICATE_TIMEOUT_S) -> None:
-        self._channels = channels
         self._timeout_s = timeout_s
+        self.streams: CallStreams[worker_pb2.ReplicateManyRequest,
+                                  worker_pb2.ReplicateManyResponse] = CallStreams(
+            channels, worker_pb2_grpc.WorkerStub, "ReplicateStream", "ReplicateMany")
+        """A ReplicateStream per holder (see :mod:`gridstream.callstreams`)."""
         self._calls: CoalescedCalls[worker_pb2.ReplicateRequest, int] = CoalescedCalls(
             self._send_many, MAX_REPLICATIONS_PER_CALL, MAX_BYTES_PER_CALL)
 
@@ -64,12 +70,14 @@ class ReplicationCalls:
     async def _send_many(self, address: str,
                          batch: list[Waiting[worker_pb2.ReplicateRequest, int]]
                          ) -> list[int | Exception]:
-        stub = self._channels.stub(address, worker_pb2_grpc.WorkerStub)
-
         async def reply() -> Sequence[worker_pb2.ReplicateOutcome]:
-            response: worker_pb2.ReplicateManyResponse = await stub.ReplicateMany(
-                worker_pb2.ReplicateManyRequest(requests=[w.request for w in batch]),
-                timeout=self._timeout_s)
+            response = await self.streams.call(
+                address, worker_pb2.ReplicateManyRequest(requests=[w.request for w in batch]),
+                self._timeout_s)
             return response.outcomes
 
         return await many_outcomes(batch, reply(), lambda outcome: int(outcome.next_offset))
+
+    def close(self) -> None:
+        """Ends the streams to the holders."""
+        self.streams.close()

@@ -4,6 +4,7 @@ WorkerNode."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import grpc
 
@@ -20,7 +21,7 @@ from gridstream.errors import (
     status_number,
 )
 from gridstream.jobspec import JobSpec, check_allowed
-from gridstream.rpc import servicer_method
+from gridstream.rpc import StreamAnswers, servicer_method
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 from gridstream.validation import (
     MAX_CLIENT_SEQUENCE,
@@ -68,9 +69,12 @@ def check_client_segment(index: int, segment: worker_pb2.Segment) -> None:
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     """Push, deploy, stop and progress calls of one worker."""
 
-    def __init__(self, node: WorkerNode, max_batch_bytes: int) -> None:
+    def __init__(self, node: WorkerNode, max_batch_bytes: int,
+                 streams: StreamAnswers | None = None) -> None:
         self.node = node
         self.max_batch_bytes = max_batch_bytes
+        self.streams = streams or StreamAnswers()
+        """Answers ReplicateStream and TrackStream (the host's, so a stop ends them)."""
 
     def _check_container(self, job_id: str, task: int, partition: int) -> None:
         """Refuses a task or partition the job (when deployed here) does not
@@ -249,6 +253,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                                             details=str(exc)))
         return worker_pb2.ReplicateManyResponse(outcomes=outcomes)
 
+    async def ReplicateStream(  # type: ignore[override]
+        self, requests: AsyncIterator[worker_pb2.ReplicateManyRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """ReplicateMany's answer to each request of a primary's stream, in order."""
+        await self.streams.answer_each(requests, context, self.ReplicateMany)
+
     @servicer_method
     async def ShipState(
         self, request: worker_pb2.ShipStateRequest, context: grpc.aio.ServicerContext
@@ -318,6 +329,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 outcomes.append(worker_pb2.TrackOutcome(code=status_number(exc),
                                                         details=str(exc)))
         return worker_pb2.TrackManyResponse(outcomes=outcomes)
+
+    async def TrackStream(  # type: ignore[override]
+        self, requests: AsyncIterator[worker_pb2.TrackManyRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """TrackMany's answer to each request of a reporting worker's stream, in order."""
+        await self.streams.answer_each(requests, context, self.TrackMany)
 
     async def _track(self, request: worker_pb2.TrackRequest) -> int:
         """Applies one task's tracking report to a tracker hosted here."""

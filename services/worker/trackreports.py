@@ -2,8 +2,9 @@
 
 A task's report XORs values into roots; each root's tracker is on the worker
 the tracker layout names (:mod:`services.worker.tracker_layout`). Reports are
-split by tracker; those for one hosting worker share a ``TrackMany`` call
-(:class:`gridstream.peercalls.CoalescedCalls`), and a report for a tracker
+split by tracker; those for one hosting worker share a ``TrackMany`` request
+(:class:`gridstream.peercalls.CoalescedCalls`), sent as a message on this
+worker's ``TrackStream`` to that host (:mod:`gridstream.callstreams`), and a report for a tracker
 this worker hosts is applied here without a call. The trackers themselves
 live in :mod:`services.worker.trackers`.
 """
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gridstream import rpc
+from gridstream.callstreams import CallStreams
 from gridstream.errors import GridstreamError, StaleEpoch
 from gridstream.peercalls import CoalescedCalls, Waiting, many_outcomes
 from gridstream.retry import Backoff
@@ -54,6 +56,10 @@ class TrackingReporter:
         self.calls: CoalescedCalls[worker_pb2.TrackRequest, int] = CoalescedCalls(
             self._send_many, MAX_REPORTS_PER_CALL, MAX_REPORT_BYTES_PER_CALL, REPORT_LINGER_S)
         """Reports for one host go together (see :mod:`gridstream.peercalls`)."""
+        self.streams: CallStreams[worker_pb2.TrackManyRequest,
+                                  worker_pb2.TrackManyResponse] = CallStreams(
+            channels, worker_pb2_grpc.WorkerStub, "TrackStream", "TrackMany")
+        """A TrackStream per host (see :mod:`gridstream.callstreams`)."""
 
     async def report(self, job_id: str, partition: int, reporter: str, sequence: int,
                      roots: list[int], values: list[int]) -> None:
@@ -113,13 +119,15 @@ class TrackingReporter:
     async def _send_many(self, address: str,
                          batch: list[Waiting[worker_pb2.TrackRequest, int]]
                          ) -> list[int | Exception]:
-        """One TrackMany call; an outcome per report."""
-        stub = self.channels.stub(address, worker_pb2_grpc.WorkerStub)
-
+        """One TrackMany request on the host's stream; an outcome per report."""
         async def reply() -> Sequence[worker_pb2.TrackOutcome]:
-            response: worker_pb2.TrackManyResponse = await stub.TrackMany(
-                worker_pb2.TrackManyRequest(reports=[w.request for w in batch]),
-                timeout=rpc.CONTROL_TIMEOUT_S)
+            response = await self.streams.call(
+                address, worker_pb2.TrackManyRequest(reports=[w.request for w in batch]),
+                rpc.CONTROL_TIMEOUT_S)
             return response.outcomes
 
         return await many_outcomes(batch, reply(), lambda outcome: int(outcome.roots_held))
+
+    def close(self) -> None:
+        """Ends the streams to the tracker hosts."""
+        self.streams.close()

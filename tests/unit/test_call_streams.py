@@ -1,0 +1,209 @@
+"""Calls carried as messages on one long-lived stream per peer keep the unary
+contract: each request gets its own answer or the error its call would have
+raised, and nothing that goes wrong with a stream lets a request take
+another's answer (gridstream/callstreams.py, StreamAnswers in gridstream/rpc.py).
+
+The peer is a real gRPC server on loopback whose ReplicateStream answers with
+its ReplicateMany, as the worker's servicer does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from gridstream import rpc
+from gridstream.callstreams import CallStreams
+from gridstream.errors import InvalidArgument
+from gridstream.v1 import worker_pb2, worker_pb2_grpc
+
+REFUSE = 999
+"""A request for this partition is refused as a whole (INVALID_ARGUMENT)."""
+
+
+class Peer(worker_pb2_grpc.WorkerServicer):
+    """Answers each replication with its own partition as the offset, so a
+    caller can tell its answer from another's; ``gate`` holds answers."""
+
+    def __init__(self, answers: rpc.StreamAnswers) -> None:
+        self.answers = answers
+        self.unary_calls = 0
+        self.streams = 0
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.arrived = asyncio.Event()
+        """Set whenever a request reaches the answering code."""
+
+    async def ReplicateMany(self, request: worker_pb2.ReplicateManyRequest,
+                            context: grpc.aio.ServicerContext
+                            ) -> worker_pb2.ReplicateManyResponse:
+        self.unary_calls += 1
+        return await self._answer(request, context)
+
+    async def ReplicateStream(self, requests: AsyncIterator[worker_pb2.ReplicateManyRequest],
+                              context: grpc.aio.ServicerContext) -> None:
+        self.streams += 1
+        await self.answers.answer_each(requests, context, self._answer)
+
+    @rpc.servicer_method
+    async def _answer(self, request: worker_pb2.ReplicateManyRequest,
+                      context: grpc.aio.ServicerContext) -> worker_pb2.ReplicateManyResponse:
+        self.arrived.set()
+        await self.gate.wait()
+        if request.requests[0].partition == REFUSE:
+            raise InvalidArgument("refused as a whole (nothing was applied)")
+        return worker_pb2.ReplicateManyResponse(outcomes=[
+            worker_pb2.ReplicateOutcome(next_offset=one.partition) for one in request.requests])
+
+
+class UnaryOnlyPeer(Peer):
+    """A member from before the stream method: ReplicateStream is UNIMPLEMENTED."""
+
+    ReplicateStream = worker_pb2_grpc.WorkerServicer.ReplicateStream  # type: ignore[assignment]
+
+
+async def serve(peer: Peer, port: int = 0) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server()
+    worker_pb2_grpc.add_WorkerServicer_to_server(peer, server)
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server, bound
+
+
+@pytest.fixture
+async def channels() -> AsyncIterator[rpc.ChannelPool]:
+    pool = rpc.ChannelPool()
+    yield pool
+    await pool.close()
+
+
+@pytest.fixture
+async def peer() -> AsyncIterator[tuple[Peer, str]]:
+    found = Peer(rpc.StreamAnswers())
+    server, port = await serve(found)
+    yield found, f"127.0.0.1:{port}"
+    found.answers.end_all()
+    await server.stop(None)
+
+
+def streams_of(channels: rpc.ChannelPool
+               ) -> CallStreams[worker_pb2.ReplicateManyRequest, worker_pb2.ReplicateManyResponse]:
+    return CallStreams(channels, worker_pb2_grpc.WorkerStub, "ReplicateStream", "ReplicateMany")
+
+
+def asking(partition: int) -> worker_pb2.ReplicateManyRequest:
+    return worker_pb2.ReplicateManyRequest(requests=[
+        worker_pb2.ReplicateRequest(job_id="job-1", task=1, partition=partition)])
+
+
+def answered(response: worker_pb2.ReplicateManyResponse) -> int:
+    return int(response.outcomes[0].next_offset)
+
+
+async def test_requests_to_one_peer_share_one_stream_and_each_gets_its_own_answer(
+        peer: tuple[Peer, str], channels: rpc.ChannelPool) -> None:
+    found, address = peer
+    streams = streams_of(channels)
+    answers = [answered(await streams.call(address, asking(p), 5.0)) for p in range(1, 6)]
+    assert answers == [1, 2, 3, 4, 5]
+    assert (found.streams, found.unary_calls, streams.opened) == (1, 0, 1)
+
+
+async def test_a_request_refused_as_a_whole_fails_alone_and_the_next_goes_on_a_new_stream(
+        peer: tuple[Peer, str], channels: rpc.ChannelPool) -> None:
+    found, address = peer
+    streams = streams_of(channels)
+    assert answered(await streams.call(address, asking(1), 5.0)) == 1
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await streams.call(address, asking(REFUSE), 5.0)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "refused as a whole" in (refused.value.details() or "")
+    assert answered(await streams.call(address, asking(2), 5.0)) == 2
+    assert (found.streams, found.unary_calls, streams.opened) == (2, 0, 2)
+
+
+async def test_an_answer_that_comes_too_late_is_never_taken_for_the_next_request(
+        peer: tuple[Peer, str], channels: rpc.ChannelPool) -> None:
+    found, address = peer
+    streams = streams_of(channels)
+    found.gate.clear()
+    with pytest.raises(grpc.aio.AioRpcError) as late:
+        await streams.call(address, asking(1), 0.2)
+    assert late.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # A caller cancelled while its request is out leaves the same hazard.
+    found.arrived.clear()
+    waiting = asyncio.create_task(streams.call(address, asking(2), 5.0))
+    await asyncio.wait_for(found.arrived.wait(), 5.0)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    found.gate.set()
+    assert answered(await streams.call(address, asking(3), 5.0)) == 3
+    assert streams.opened == 3
+
+
+async def test_a_peer_without_the_stream_method_is_called_unary(
+        channels: rpc.ChannelPool) -> None:
+    found = UnaryOnlyPeer(rpc.StreamAnswers())
+    server, port = await serve(found)
+    try:
+        streams = streams_of(channels)
+        address = f"127.0.0.1:{port}"
+        answers = [answered(await streams.call(address, asking(p), 5.0)) for p in (1, 2, 3)]
+        assert answers == [1, 2, 3]
+        assert (found.unary_calls, streams.opened) == (3, 1)
+    finally:
+        await server.stop(None)
+
+
+async def test_a_peer_restarted_between_calls_gets_the_next_request_on_a_new_stream(
+        channels: rpc.ChannelPool) -> None:
+    first = Peer(rpc.StreamAnswers())
+    server, port = await serve(first)
+    address = f"127.0.0.1:{port}"
+    streams = streams_of(channels)
+    assert answered(await streams.call(address, asking(1), 5.0)) == 1
+    first.answers.end_all()
+    await server.stop(None)
+    second = Peer(rpc.StreamAnswers())
+    server, _ = await serve(second, port)
+    try:
+        assert answered(await streams.call(address, asking(2), 5.0)) == 2
+        assert second.streams == 1
+    finally:
+        second.answers.end_all()
+        await server.stop(None)
+
+
+async def test_a_stopping_server_ends_open_streams_instead_of_waiting_its_grace(
+        channels: rpc.ChannelPool) -> None:
+    found = Peer(rpc.StreamAnswers())
+    server, port = await serve(found)
+    address = f"127.0.0.1:{port}"
+    streams = streams_of(channels)
+    assert answered(await streams.call(address, asking(1), 5.0)) == 1
+    grace_s = 10.0
+    started = time.monotonic()
+    found.answers.end_all()  # as ServiceHost.stop does before the server's stop
+    await server.stop(grace_s)
+    assert time.monotonic() - started < grace_s / 2
+    with pytest.raises(grpc.aio.AioRpcError) as ended:
+        await streams.call(address, asking(2), 1.0)
+    assert ended.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+async def test_a_stopping_server_refuses_new_streams(channels: rpc.ChannelPool) -> None:
+    found = Peer(rpc.StreamAnswers())
+    server, port = await serve(found)
+    try:
+        found.answers.end_all()
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await streams_of(channels).call(f"127.0.0.1:{port}", asking(1), 5.0)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "stopping" in (refused.value.details() or "")
+    finally:
+        await server.stop(None)
