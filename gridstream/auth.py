@@ -393,21 +393,13 @@ class _ClientStreamMemberCredentials(grpc.aio.StreamUnaryClientInterceptor):  # 
                                   request_iterator)
 
 
-class _BidiMemberCredentials(grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
-    """Adds the cluster secret to every bidirectional call of a member's channel."""
-
-    def __init__(self, secret: str) -> None:
-        self.secret = secret
-
-    async def intercept_stream_stream(self, continuation: Any, client_call_details: Any,
-                                      request_iterator: Any) -> Any:
-        """Bidirectional calls carry the secret."""
-        return await continuation(_with_secret(client_call_details, self.secret),
-                                  request_iterator)
-
-
 def member_credentials(secret: str) -> list[grpc.aio.ClientInterceptor]:
     """Client interceptors that present the cluster secret on every call (one
-    per call kind: a channel files each interceptor under one kind only)."""
+    per call kind: a channel files each interceptor under one kind only).
+    Bidirectional streams are left out: they carry it as metadata of their
+    own (:func:`gridstream.rpc.ChannelPool.metadata`), because an intercepted
+    stream finishes in ways a plain one does not (a write to a finished one
+    is an ``InvalidStateError``, and a cancelled wait on one can hang), and
+    costs more per message (gridstream/callstreams.py)."""
     return [_UnaryMemberCredentials(secret), _StreamMemberCredentials(secret),
-            _ClientStreamMemberCredentials(secret), _BidiMemberCredentials(secret)]
+            _ClientStreamMemberCredentials(secret)]

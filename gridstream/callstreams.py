@@ -78,6 +78,10 @@ class CallStreams(Generic[RequestT, ResponseT]):
                     if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
                         raise
                     self._unary_only.add(address)  # a member without the stream: nothing done
+                except asyncio.InvalidStateError:  # the new stream finished before the write
+                    self._end(address)
+                    raise rpc_error(grpc.StatusCode.UNAVAILABLE,
+                                    f"the {self._stream_method} stream ended at once") from None
                 except BaseException:  # cancelled mid-request: its answer must not be taken
                     self._end(address)
                     raise
@@ -91,7 +95,7 @@ class CallStreams(Generic[RequestT, ResponseT]):
         if stream is not None and not stream.done():
             try:
                 await stream.write(request)
-            except grpc.aio.AioRpcError:
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 self._end(address)
                 stream = None
         else:
@@ -107,7 +111,8 @@ class CallStreams(Generic[RequestT, ResponseT]):
 
     def _open(self, address: str) -> grpc.aio.StreamStreamCall:
         stub = self._channels.stub(address, self._make_stub)
-        stream: grpc.aio.StreamStreamCall = getattr(stub, self._stream_method)()
+        stream: grpc.aio.StreamStreamCall = getattr(stub, self._stream_method)(
+            metadata=self._channels.metadata())
         self._streams[address] = stream
         self.opened += 1
         return stream

@@ -167,6 +167,14 @@ class ChannelPool:
             stub = self._stubs[(address, make)] = make(self.get(address))
         return stub
 
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        """What a bidirectional stream on these channels presents itself
+        with (the cluster secret, when the settings hold one): the
+        channels' interceptors add it to every other kind of call."""
+        security = self._security or _process_security
+        secret = member_secret(security, own=self._security is None)
+        return ((MEMBER_METADATA, secret),) if secret else ()
+
     def get(self, address: str) -> grpc.aio.Channel:
         """The channel to an address."""
         channel = self._channels.get(address)
