@@ -10,6 +10,7 @@ its ReplicateMany, as the worker's servicer does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -74,6 +75,18 @@ async def serve(peer: Peer, port: int = 0) -> tuple[grpc.aio.Server, int]:
     return server, bound
 
 
+@contextlib.asynccontextmanager
+async def serving(peer: Peer, port: int = 0) -> AsyncIterator[str]:
+    """The peer's address while it serves; its streams ended and its server
+    stopped afterwards."""
+    server, bound = await serve(peer, port)
+    try:
+        yield f"127.0.0.1:{bound}"
+    finally:
+        peer.answers.end_all()
+        await server.stop(None)
+
+
 @pytest.fixture
 async def channels() -> AsyncIterator[rpc.ChannelPool]:
     pool = rpc.ChannelPool()
@@ -84,10 +97,8 @@ async def channels() -> AsyncIterator[rpc.ChannelPool]:
 @pytest.fixture
 async def peer() -> AsyncIterator[tuple[Peer, str]]:
     found = Peer(rpc.StreamAnswers())
-    server, port = await serve(found)
-    yield found, f"127.0.0.1:{port}"
-    found.answers.end_all()
-    await server.stop(None)
+    async with serving(found) as address:
+        yield found, address
 
 
 def streams_of(channels: rpc.ChannelPool
@@ -149,15 +160,11 @@ async def test_an_answer_that_comes_too_late_is_never_taken_for_the_next_request
 async def test_a_peer_without_the_stream_method_is_called_unary(
         channels: rpc.ChannelPool) -> None:
     found = UnaryOnlyPeer(rpc.StreamAnswers())
-    server, port = await serve(found)
-    try:
+    async with serving(found) as address:
         streams = streams_of(channels)
-        address = f"127.0.0.1:{port}"
         answers = [answered(await streams.call(address, asking(p), 5.0)) for p in (1, 2, 3)]
         assert answers == [1, 2, 3]
         assert (found.unary_calls, streams.opened) == (3, 1)
-    finally:
-        await server.stop(None)
 
 
 async def test_a_peer_restarted_between_calls_gets_the_next_request_on_a_new_stream(
@@ -170,13 +177,9 @@ async def test_a_peer_restarted_between_calls_gets_the_next_request_on_a_new_str
     first.answers.end_all()
     await server.stop(None)
     second = Peer(rpc.StreamAnswers())
-    server, _ = await serve(second, port)
-    try:
+    async with serving(second, port):
         assert answered(await streams.call(address, asking(2), 5.0)) == 2
         assert second.streams == 1
-    finally:
-        second.answers.end_all()
-        await server.stop(None)
 
 
 async def test_a_stopping_server_ends_open_streams_instead_of_waiting_its_grace(
@@ -198,12 +201,9 @@ async def test_a_stopping_server_ends_open_streams_instead_of_waiting_its_grace(
 
 async def test_a_stopping_server_refuses_new_streams(channels: rpc.ChannelPool) -> None:
     found = Peer(rpc.StreamAnswers())
-    server, port = await serve(found)
-    try:
+    async with serving(found) as address:
         found.answers.end_all()
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await streams_of(channels).call(f"127.0.0.1:{port}", asking(1), 5.0)
+            await streams_of(channels).call(address, asking(1), 5.0)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "stopping" in (refused.value.details() or "")
-    finally:
-        await server.stop(None)
