@@ -18,13 +18,14 @@ stream: a request left without its answer must not have the next request's
 answer taken for it. The next call opens a new stream. A peer that does not
 know the stream method (an older member) is called unary from then on.
 Requests to one peer go one at a time (:class:`gridstream.peercalls.CoalescedCalls`
-already sends one call per peer at a time, carrying all that waits).
+already sends one call per peer at a time, carrying all that waits). The
+streams are calls on the process's :class:`gridstream.rpc.ChannelPool`,
+which ends them with every other call when it closes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -126,10 +127,3 @@ class CallStreams(Generic[RequestT, ResponseT]):
         stub = self._channels.stub(address, self._make_stub)
         response: ResponseT = await getattr(stub, self._unary_method)(request, timeout=timeout_s)
         return response
-
-    def close(self) -> None:
-        """Ends every stream (their peers' handlers return at once)."""
-        streams, self._streams = self._streams, {}
-        for stream in streams.values():
-            with contextlib.suppress(Exception):
-                stream.cancel()

@@ -594,8 +594,6 @@ class WorkerNode:
                 await task
         for job_id in list(self.jobs):
             await self.stop_job(job_id)
-        self.router.replication.close()
-        self.reporter.close()
         await self.state.close()
 
 

@@ -77,7 +77,3 @@ class ReplicationCalls:
             return response.outcomes
 
         return await many_outcomes(batch, reply(), lambda outcome: int(outcome.next_offset))
-
-    def close(self) -> None:
-        """Ends the streams to the holders."""
-        self.streams.close()

@@ -127,7 +127,3 @@ class TrackingReporter:
             return response.outcomes
 
         return await many_outcomes(batch, reply(), lambda outcome: int(outcome.roots_held))
-
-    def close(self) -> None:
-        """Ends the streams to the tracker hosts."""
-        self.streams.close()

@@ -106,6 +106,17 @@ def streams_of(channels: rpc.ChannelPool
     return CallStreams(channels, worker_pb2_grpc.WorkerStub, "ReplicateStream", "ReplicateMany")
 
 
+async def first_answer(peer: Peer, channels: rpc.ChannelPool) -> tuple[
+        grpc.aio.Server, int, CallStreams[worker_pb2.ReplicateManyRequest,
+                                          worker_pb2.ReplicateManyResponse]]:
+    """Serves ``peer`` and has it answer one request on a stream: the
+    server, its port and the caller's streams."""
+    server, port = await serve(peer)
+    streams = streams_of(channels)
+    assert answered(await streams.call(f"127.0.0.1:{port}", asking(1), 5.0)) == 1
+    return server, port, streams
+
+
 def asking(partition: int) -> worker_pb2.ReplicateManyRequest:
     return worker_pb2.ReplicateManyRequest(requests=[
         worker_pb2.ReplicateRequest(job_id="job-1", task=1, partition=partition)])
@@ -170,10 +181,8 @@ async def test_a_peer_without_the_stream_method_is_called_unary(
 async def test_a_peer_restarted_between_calls_gets_the_next_request_on_a_new_stream(
         channels: rpc.ChannelPool) -> None:
     first = Peer(rpc.StreamAnswers())
-    server, port = await serve(first)
+    server, port, streams = await first_answer(first, channels)
     address = f"127.0.0.1:{port}"
-    streams = streams_of(channels)
-    assert answered(await streams.call(address, asking(1), 5.0)) == 1
     first.answers.end_all()
     await server.stop(None)
     second = Peer(rpc.StreamAnswers())
@@ -185,10 +194,8 @@ async def test_a_peer_restarted_between_calls_gets_the_next_request_on_a_new_str
 async def test_a_stopping_server_ends_open_streams_instead_of_waiting_its_grace(
         channels: rpc.ChannelPool) -> None:
     found = Peer(rpc.StreamAnswers())
-    server, port = await serve(found)
+    server, port, streams = await first_answer(found, channels)
     address = f"127.0.0.1:{port}"
-    streams = streams_of(channels)
-    assert answered(await streams.call(address, asking(1), 5.0)) == 1
     grace_s = 10.0
     started = time.monotonic()
     found.answers.end_all()  # as ServiceHost.stop does before the server's stop
