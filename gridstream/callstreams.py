@@ -26,15 +26,17 @@ which ends them with every other call when it closes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import grpc
 
 from gridstream import rpc
+from gridstream.peercalls import Outcome, Waiting, many_outcomes
 
 RequestT = TypeVar("RequestT")
 ResponseT = TypeVar("ResponseT")
+ResultT = TypeVar("ResultT")
 
 
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
@@ -127,3 +129,18 @@ class CallStreams(Generic[RequestT, ResponseT]):
         stub = self._channels.stub(address, self._make_stub)
         response: ResponseT = await getattr(stub, self._unary_method)(request, timeout=timeout_s)
         return response
+
+
+async def many_on_stream(streams: CallStreams[RequestT, Any], address: str, request: RequestT,
+                         timeout_s: float, batch: list[Waiting[Any, ResultT]],
+                         result: Callable[[Any], ResultT]) -> list[ResultT | Exception]:
+    """The outcome of each of ``batch``'s requests, carried together as
+    ``request`` (a "many" request whose answer has one ``outcomes`` entry
+    per request) on the peer's stream: what a
+    :class:`gridstream.peercalls.CoalescedCalls` sender returns."""
+    async def reply() -> Sequence[Outcome]:
+        response = await streams.call(address, request, timeout_s)
+        outcomes: Sequence[Outcome] = response.outcomes
+        return outcomes
+
+    return await many_outcomes(batch, reply(), result)

@@ -23,11 +23,9 @@ own would have raised.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from gridstream import rpc
-from gridstream.callstreams import CallStreams
-from gridstream.peercalls import CoalescedCalls, Waiting, many_outcomes
+from gridstream.callstreams import CallStreams, many_on_stream
+from gridstream.peercalls import CoalescedCalls, Waiting
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 
 REPLICATE_TIMEOUT_S = 5.0
@@ -70,10 +68,6 @@ class ReplicationCalls:
     async def _send_many(self, address: str,
                          batch: list[Waiting[worker_pb2.ReplicateRequest, int]]
                          ) -> list[int | Exception]:
-        async def reply() -> Sequence[worker_pb2.ReplicateOutcome]:
-            response = await self.streams.call(
-                address, worker_pb2.ReplicateManyRequest(requests=[w.request for w in batch]),
-                self._timeout_s)
-            return response.outcomes
-
-        return await many_outcomes(batch, reply(), lambda outcome: int(outcome.next_offset))
+        request = worker_pb2.ReplicateManyRequest(requests=[w.request for w in batch])
+        return await many_on_stream(self.streams, address, request, self._timeout_s,
+                                    batch, lambda outcome: int(outcome.next_offset))

@@ -12,15 +12,14 @@ live in :mod:`services.worker.trackers`.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gridstream import rpc
-from gridstream.callstreams import CallStreams
+from gridstream.callstreams import CallStreams, many_on_stream
 from gridstream.errors import GridstreamError, StaleEpoch
-from gridstream.peercalls import CoalescedCalls, Waiting, many_outcomes
+from gridstream.peercalls import CoalescedCalls, Waiting
 from gridstream.retry import Backoff
 from gridstream.routing import RoutingView
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
@@ -120,10 +119,6 @@ class TrackingReporter:
                          batch: list[Waiting[worker_pb2.TrackRequest, int]]
                          ) -> list[int | Exception]:
         """One TrackMany request on the host's stream; an outcome per report."""
-        async def reply() -> Sequence[worker_pb2.TrackOutcome]:
-            response = await self.streams.call(
-                address, worker_pb2.TrackManyRequest(reports=[w.request for w in batch]),
-                rpc.CONTROL_TIMEOUT_S)
-            return response.outcomes
-
-        return await many_outcomes(batch, reply(), lambda outcome: int(outcome.roots_held))
+        request = worker_pb2.TrackManyRequest(reports=[w.request for w in batch])
+        return await many_on_stream(self.streams, address, request, rpc.CONTROL_TIMEOUT_S,
+                                    batch, lambda outcome: int(outcome.roots_held))
