@@ -159,10 +159,10 @@ class WorkerConfig:
 
     results_linger_s: float = 0.1
     """A task writes the result rows it produced between two windows at most
-    this often (rows go at once with a window). Without it a task whose
-    queue runs empty after every batch (a low rate) makes one write to every
-    state server per batch. Results are readable up to this much later; a
-    drain has them written at once. 0 writes after every batch."""
+    this often (rows go at once with a window), stretched up to 8 times while
+    row writes are slow (services/worker/snapshots.py, stretched_linger).
+    Results are readable up to that much later; a drain has them written at
+    once. 0 writes after every batch, one write per state server each."""
 
     push_timeout_s: float = 10.0
     """Deadline of a Push to another worker, including waiting for queue space."""

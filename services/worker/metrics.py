@@ -43,6 +43,9 @@ def node_metrics(node: WorkerNode) -> list[Metric]:
                            labels),
         "dead": counter("gridstream_dead_letters", "Records sent to the dead-letter table",
                         labels),
+        "linger": gauge("gridstream_results_linger_seconds", "How long the task's result "
+                        "rows wait between writes now (worker.results_linger_s, stretched "
+                        "while the state servers are slow to store them)", labels),
     }
     for runtime in node.jobs.values():
         for runner in runtime.runners.values():
@@ -56,6 +59,7 @@ def node_metrics(node: WorkerNode) -> list[Metric]:
             families["lag"].add_metric(values, runner.latest.offset - runner.durable_offset)
             families["windows"].add_metric(values, runner.persister.windows_persisted)
             families["dead"].add_metric(values, runner.dead_letters)
+            families["linger"].add_metric(values, runner.persister.rows_linger_s)
             if runner.latency.count:
                 sink = latency.setdefault((runtime.job_id, stages[-1].name), Histogram())
                 sink.add(runner.latency)

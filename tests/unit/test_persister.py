@@ -2,7 +2,8 @@
 written together, at most once per ``rows_linger_s`` and at multiples of it
 on the process's clock (so the operators of a worker write at the same
 moments and share calls), and neither a window (its rows go with it, first)
-nor a drain waits for the linger."""
+nor a drain waits for the linger. The linger stretches while row writes are
+slow and returns to its floor once they are fast again."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ from typing import Any
 import pytest
 
 from gridstream.peercalls import next_boundary
-from services.worker.snapshots import PendingSnapshot, Persister
+from services.worker.snapshots import (
+    LINGER_STRETCH_MAX,
+    PendingSnapshot,
+    Persister,
+    stretched_linger,
+)
 
 DeadLetters = list[tuple[str, str, str, str]]
 
@@ -143,3 +149,49 @@ async def test_operators_lingering_at_different_moments_write_at_the_same_bounda
     assert second_writes.row_times[0] - first_writes.row_times[0] >= 0.15
     assert abs(second_writes.row_times[1] - first_writes.row_times[1]) < 0.05, (
         first_writes.row_times, second_writes.row_times)
+
+
+def test_the_linger_doubles_while_row_writes_are_slow_and_halves_back_to_its_floor() -> None:
+    floor = 0.1
+    linger = floor
+    for expected in (0.2, 0.4, 0.8, 0.8):  # each write took a whole second
+        linger = stretched_linger(linger, 1.0, floor)
+        assert linger == expected
+    assert linger == floor * LINGER_STRETCH_MAX
+    # A write between a sixteenth and a quarter of the linger leaves it.
+    assert stretched_linger(0.4, 0.05, floor) == 0.4
+    for expected in (0.4, 0.2, 0.1, 0.1):  # fast writes
+        linger = stretched_linger(linger, 0.001, floor)
+        assert linger == expected
+    # No linger configured: every batch's rows are written, however slowly.
+    assert stretched_linger(0.0, 5.0, 0.0) == 0.0
+
+
+async def test_slow_row_writes_stretch_the_persisters_linger_and_fast_ones_shrink_it() -> None:
+    # A state server that takes 0.15 s to store rows, against a 0.4 s linger:
+    # the persister waits twice as long before its next write. Once writes
+    # are quick again the linger goes back to 0.4 s.
+    floor = 0.4
+    recorded = Recorded()
+    write_s = 0.15
+
+    async def slow_rows(rows: dict[Any, Any], dead: DeadLetters) -> None:
+        await asyncio.sleep(write_s)  # the state server's time to store them
+        await recorded.rows(rows, dead)
+
+    persister = Persister(slow_rows, recorded.snapshot, recorded.durable.append, "op",
+                          rows_linger_s=floor)
+    task = asyncio.create_task(persister.run())
+    try:
+        persister.submit({"a": 1}, [])
+        await idle(persister)
+        assert persister.rows_linger_s == 2 * floor
+        write_s = 0.0
+        persister.submit({"a": 2}, [])
+        await idle(persister)
+        assert persister.rows_linger_s == floor
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert recorded.row_writes() == [{"a": 1}, {"a": 2}]
