@@ -34,6 +34,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gridstream.examples import taxi
 
 ENV = "BENCH_LATENCY_DIR"
@@ -70,15 +72,18 @@ class Recorder:
             return
         if now is None:
             now = time.time()
-        steps = 1.0 / RESOLUTION_S
-        # Grouped by stamp first (a line's words share its stamp), so the
-        # arithmetic runs once per line rather than once per word.
-        keys: Counter[int] = Counter()
-        for s, n in Counter(stamps).items():
-            if s > 0:
-                keys[int(s) * SPAN + min(SPAN - 1, max(0, int((now - s) * steps)))] += n
+        # Vectorised: the bench's own bookkeeping runs in the workers it
+        # measures, and a Python loop per record cost them 10 to 14 % of
+        # their time at 260,000 words/s. The same float64 arithmetic as
+        # ``int(s) * SPAN + min(SPAN - 1, max(0, int((now - s) * steps)))``.
+        stamped = np.asarray(stamps, dtype=np.float64)
+        stamped = stamped[stamped > 0]
+        if not stamped.size:
+            return
+        steps = np.clip(((now - stamped) * (1.0 / RESOLUTION_S)).astype(np.int64), 0, SPAN - 1)
+        keys, counts = np.unique(stamped.astype(np.int64) * SPAN + steps, return_counts=True)
         with self._lock:
-            self._counts.update(keys)
+            self._counts.update(dict(zip(keys.tolist(), counts.tolist(), strict=True)))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._flush_forever,
                                                 name=f"latency {self.point}", daemon=True)
