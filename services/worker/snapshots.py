@@ -125,7 +125,7 @@ def stretched_linger(linger_s: float, write_s: float, floor_s: float) -> float:
     linger, so its rows cost the state servers in proportion to time, not to
     records. A wordcount over 5,000 words at 150,000 words/s writes about
     27,000 rows a second to each state server at a 0.1 s linger, whose writes
-    then take 35 to 45 ms; at a 1 s linger the cluster used 1.30 cores instead
+    then take 35 to 47 ms (median); at a 1 s linger the cluster used 1.30 cores instead
     of 1.72. Under such load the rows become readable later (at most
     ``LINGER_STRETCH_MAX`` lingers); at a low rate, where a write takes a few
     milliseconds, the linger stays ``floor_s``. Doubling and halving keep it a
