@@ -66,19 +66,28 @@ class BackupLog:
     sequences: dict[str, int] = field(default_factory=dict)
     epoch: int = 0
     primary: str = ""
+    _held_below: int = field(default=0, init=False, repr=False)
+    """Every offset from ``base`` up to this one is held (when above ``base``):
+    where :attr:`next_offset` resumes its walk. Entries are only added, dropped
+    below a new base (a trim keeps the contiguous run above it) or all
+    dropped by a reset, which rewinds it."""
 
     @property
     def next_offset(self) -> int:
-        """Offset after the contiguous run of entries from ``base``."""
-        offset = self.base
+        """Offset after the contiguous run of entries from ``base``. Asked on
+        every replication: walking from ``base`` each time cost as many steps
+        as entries held (thousands of small batches retained for their
+        trees), so the walk resumes where the last one ended."""
+        offset = max(self.base, self._held_below)
         while offset in self.entries:
             offset += 1
+        self._held_below = offset
         return offset
 
     def apply(self, request: worker_pb2.ReplicateRequest) -> int:
         """Applies a replication; returns the contiguous end."""
         if request.reset:
-            self.base = request.base_offset
+            self.base = self._held_below = request.base_offset
             self.entries = {}
             self.sequences = dict(request.sequences)
         for entry in request.entries:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gridstream import codec
 from gridstream.errors import StaleEpoch
@@ -45,6 +49,39 @@ def test_reset_replaces_everything() -> None:
                       entries=entries(20, 22)))
     assert (log.base, log.next_offset) == (20, 22)
     assert log.sequences == {"src/b": 9, "src/a": 22}
+
+
+def test_a_reset_to_an_earlier_base_forgets_the_contiguous_run_it_had() -> None:
+    # The end is found from where the last walk stopped; a reset must not
+    # keep that point when everything above the new base is gone.
+    log = BackupLog()
+    assert log.apply(request(entries=entries(0, 10))) == 10
+    assert log.apply(request(reset=True, base_offset=3, entries=entries(3, 5))) == 5
+    assert log.apply(request(entries=entries(6, 8))) == 5  # a gap at 5
+    assert log.apply(request(entries=entries(5, 6))) == 8
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["append", "trim", "reset"]),
+                          st.integers(0, 40), st.integers(0, 6)), max_size=30),
+       st.integers(0, 2**32))
+def test_the_contiguous_end_matches_a_walk_from_the_base(
+        steps: list[tuple[str, int, int]], seed: int) -> None:
+    log = BackupLog()
+    rng = random.Random(seed)
+    for kind, at, count in steps:
+        if kind == "append":
+            batch = entries(at, at + count)
+            rng.shuffle(batch)
+            got = log.apply(request(entries=batch))
+        elif kind == "trim":
+            got = log.apply(request(trim_below=at))
+        else:
+            got = log.apply(request(reset=True, base_offset=at, entries=entries(at, at + count)))
+        walked = log.base
+        while walked in log.entries:
+            walked += 1
+        assert got == log.next_offset == walked
 
 
 def test_a_restarted_holder_reports_how_little_it_has() -> None:
