@@ -69,6 +69,19 @@ async def worst_lag(work: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
 
 
 async def test_a_large_snapshot_and_restore_do_not_delay_heartbeats(tmp_path: Path) -> None:
+    # What earlier tests left in this process is not ours to traverse: in the
+    # full suite a collection of it held the loop 108 ms while packing and
+    # 127 ms while storing, against 25 to 41 ms with this test alone. A
+    # member's heap is its own; the worker freezes its grown state likewise.
+    gc.collect()
+    gc.freeze()
+    try:
+        await _snapshot_and_restore(tmp_path)
+    finally:
+        gc.unfreeze()
+
+
+async def _snapshot_and_restore(tmp_path: Path) -> None:
     source = counting_chain()
     keys = [f"key-{i}" for i in range(KEYS)]
     for start in range(0, KEYS, 10_000):
