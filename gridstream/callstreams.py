@@ -81,10 +81,11 @@ class CallStreams(Generic[RequestT, ResponseT]):
                     if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
                         raise
                     self._unary_only.add(address)  # a member without the stream: nothing done
-                except asyncio.InvalidStateError:  # the new stream finished before the write
+                except asyncio.InvalidStateError:  # the new stream ended before its first answer
                     self._end(address)
                     raise rpc_error(grpc.StatusCode.UNAVAILABLE,
-                                    f"the {self._stream_method} stream ended at once") from None
+                                    f"the peer ended the {self._stream_method} stream at once "
+                                    "(stopping, say)") from None
                 except BaseException:  # cancelled mid-request: its answer must not be taken
                     self._end(address)
                     raise
@@ -105,7 +106,16 @@ class CallStreams(Generic[RequestT, ResponseT]):
             stream = None
         if stream is None:
             stream = self._open(address)
-            await stream.write(request)
+            try:
+                await stream.write(request)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.INTERNAL:
+                    raise
+                # The peer ended the new stream (a stopping server, say) while
+                # the request was on its way: gRPC reports a local INTERNAL
+                # then, not the peer's status, just as it raises
+                # InvalidStateError when the stream ended before the write.
+                raise asyncio.InvalidStateError(exc.details()) from exc
         response = await stream.read()
         if response is grpc.aio.EOF:
             raise rpc_error(grpc.StatusCode.UNAVAILABLE,
