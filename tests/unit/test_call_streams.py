@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from gridstream import rpc
-from gridstream.callstreams import CallStreams
+from gridstream.callstreams import CallStreams, rpc_error
 from gridstream.errors import InvalidArgument
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 
@@ -219,3 +219,40 @@ async def test_a_stopping_server_refuses_new_streams(channels: rpc.ChannelPool) 
         # the peer ending the new stream at once, "stopping, say".
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         assert "stopping" in (refused.value.details() or "")
+
+
+class EndedWhileWritten:
+    """A new stream whose peer ended it while its first request was being
+    written: gRPC aio's write then raises its own INTERNAL error. The race
+    cannot be caused on demand with a real server, so the stream is
+    stood in for, in this one test of how the error is reported."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def done(self) -> bool:
+        return False
+
+    async def write(self, request: worker_pb2.ReplicateManyRequest) -> None:
+        raise rpc_error(grpc.StatusCode.INTERNAL, "Internal error from Core")
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+async def test_a_stream_ended_while_its_first_request_is_written_is_unavailable(
+        channels: rpc.ChannelPool) -> None:
+    streams = streams_of(channels)
+    stream = EndedWhileWritten()
+
+    def open_ended(address: str) -> EndedWhileWritten:
+        streams._streams[address] = stream  # type: ignore[assignment]
+        return stream
+
+    streams._open = open_ended  # type: ignore[assignment,method-assign]
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await streams.call("127.0.0.1:1", asking(1), 5.0)
+    assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "ended" in (refused.value.details() or "")
+    assert stream.cancelled  # the stream is dropped: the next call opens another
