@@ -59,7 +59,8 @@ def node_metrics(node: WorkerNode) -> list[Metric]:
             families["lag"].add_metric(values, runner.latest.offset - runner.durable_offset)
             families["windows"].add_metric(values, runner.persister.windows_persisted)
             families["dead"].add_metric(values, runner.dead_letters)
-            families["linger"].add_metric(values, runner.persister.rows_linger_s)
+            if not runner.rows_from_state:  # a task whose rows are its state writes none
+                families["linger"].add_metric(values, runner.persister.rows_linger_s)
             if runner.latency.count:
                 sink = latency.setdefault((runtime.job_id, stages[-1].name), Histogram())
                 sink.add(runner.latency)
