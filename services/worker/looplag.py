@@ -36,8 +36,9 @@ class LoopLagMonitor:
 
     ``tick_s`` is 50 ms, the heartbeat pulse's period (gridstream.member):
     a wake-up of a worker's loop costs about 0.1 ms of CPU, and at 20 ms
-    the monitor's own wake-ups were a fifth of an idle worker's CPU (22 ms
-    a second; 16 ms with this tick and the watcher's 0.1 s checks). A stall
+    the monitor's own wake-ups were about a quarter of an idle worker's CPU
+    (22 ms a second; 15 to 17 ms with this tick and the watcher's 0.1 s
+    checks). A stall
     still shows in full but for at most one tick: the first wake-up due
     inside it comes as late as the stall lasted after it was due.
     """
