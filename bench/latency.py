@@ -498,6 +498,8 @@ def main() -> None:
                         help="draw the table and plot again from a latency.json; run nothing")
     add_out_argument(parser)
     args = parser.parse_args()
+    if args.peak_runs < 1:
+        parser.error("--peak-runs must be at least 1 (the peak is the median of the runs)")
     out = out_dir(args.out)
     if args.replot is not None:
         figures = json.loads(args.replot.read_text())
