@@ -38,9 +38,9 @@ class LoopLagMonitor:
     a wake-up of a worker's loop costs about 0.1 ms of CPU, and at 20 ms
     the monitor's own wake-ups were about a quarter of an idle worker's CPU
     (22 ms a second; 15 to 17 ms with this tick and the watcher's 0.1 s
-    checks). A stall
-    still shows in full but for at most one tick: the first wake-up due
-    inside it comes as late as the stall lasted after it was due.
+    checks). A stall still shows in full but for at most one tick: the
+    first wake-up due inside it comes as late as the stall lasted after it
+    was due.
     """
 
     def __init__(self, heartbeat_interval_s: float, tick_s: float = 0.05,

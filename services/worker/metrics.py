@@ -59,7 +59,9 @@ def node_metrics(node: WorkerNode) -> list[Metric]:
             families["lag"].add_metric(values, runner.latest.offset - runner.durable_offset)
             families["windows"].add_metric(values, runner.persister.windows_persisted)
             families["dead"].add_metric(values, runner.dead_letters)
-            if not runner.rows_from_state:  # a task whose rows are its state writes none
+            # Only a task that writes result rows has a linger: not one without a
+            # sink, nor one whose rows are read from its stored state.
+            if runner.chain.has_sink and not runner.rows_from_state:
                 families["linger"].add_metric(values, runner.persister.rows_linger_s)
             if runner.latency.count:
                 sink = latency.setdefault((runtime.job_id, stages[-1].name), Histogram())

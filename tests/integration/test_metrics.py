@@ -47,6 +47,11 @@ async def test_metrics_endpoints_expose_the_named_series(cluster: LocalCluster,
     assert total('gridstream_tracked_roots_outcomes_total{outcome="completed"}') >= 1
     assert "gridstream_tracker_bytes" in worker_text
     assert total("gridstream_tracked_roots ") == 0
+    # exactly_once wordcount writes no result rows (the counts are read from
+    # the stored state; the split task has no sink), so it shows no linger.
+    assert not [line for line in worker_text.splitlines()
+                if line.startswith("gridstream_results_linger_seconds{")
+                and f'job="{job_id}"' in line]
     scheduler_text = await asyncio.to_thread(scrape, cluster.members["scheduler"].metrics_address)
     for series in ("gridstream_member_phi", "gridstream_member_state",
                    "gridstream_member_loop_lag_seconds",
@@ -78,3 +83,25 @@ async def test_watch_view_shows_members_stages_and_warns_on_slow_persistence(
     assert len(warned) == 2 and "queue growing" in warned[0] and "falling behind" in warned[1]
     steady = [*rising[:-1], StageFigures(queued=0, persist_pending=0)]
     assert trend_alerts(job_id, 1, steady) == []
+
+
+async def test_only_tasks_that_write_result_rows_show_their_linger(
+        cluster: LocalCluster, client: Client) -> None:
+    # at_most_once: the count task writes its rows (nothing is read from
+    # state), the split task has no sink and so no rows to hold back.
+    job_id = await client.submit(wordcount.job(delivery="at_most_once"))
+    lines = wordcount.generate(5_000, seed=4)
+    await client.send(job_id, lines)
+    await client.drain(job_id)
+    assert await client.results(job_id) == wordcount.reference(lines)
+    worker_text = "\n".join([await asyncio.to_thread(scrape, m.metrics_address)
+                             for m in cluster.members.values() if m.role == "worker"])
+    linger = [line for line in worker_text.splitlines()
+              if line.startswith("gridstream_results_linger_seconds{")
+              and f'job="{job_id}"' in line]
+    assert linger and all('task="1"' in line for line in linger), linger
+    partitions = {line.split('partition="', 1)[1].split('"', 1)[0] for line in linger}
+    assert len(partitions) == len(linger) == cluster.config.cluster.partitions
+    # At least the configured linger (it only stretches while writes are slow).
+    floor = cluster.config.worker.results_linger_s
+    assert all(float(line.rsplit(" ", 1)[1]) >= floor for line in linger), linger
