@@ -22,8 +22,8 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import Iterable, Sequence, Sized
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Iterator, Sequence, Sized
+from typing import Any
 
 import grpc
 
@@ -43,14 +43,22 @@ from gridstream.errors import (
     Unavailable,
     from_rpc_error,
 )
-from gridstream.ids import partition_for_key
 from gridstream.replicas import ReplicaClient
 from gridstream.retry import Backoff, RetryExhausted
 from gridstream.routing import RoutingView
+from gridstream.sendbatches import (
+    SPREAD_MIN_BATCH,
+    Batch,
+    BatchFeed,
+    Step,
+    halves,
+    packed_steps,
+    packs_surely,
+    unkeyed_batch_size,
+)
 from gridstream.taskplan import sink_rows, state_result_sources
 from gridstream.types import DeadLetter, RoutingTable
 from gridstream.v1 import (
-    common_pb2,
     scheduler_pb2,
     scheduler_pb2_grpc,
     worker_pb2,
@@ -65,11 +73,6 @@ records (75 bytes each) in batches of 20,000 took 5.54 CPU-seconds across the
 cluster and 3.13 s against 6.42 and 3.61 s in batches of 5,000 (medians of 3
 rounds on one cluster). A batch above the workers' ``worker.max_batch_bytes``
 is split in two and sent again."""
-SPREAD_MIN_BATCH = 5_000
-"""An unkeyed send of a list is cut into one batch per partition, but into
-batches of no fewer records than this (or ``batch_size`` if smaller): a batch
-costs the cluster about as much as thousands of records, so a small send goes
-whole to one partition rather than in slivers to all."""
 _RETRYABLE = {
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -80,24 +83,6 @@ _OUTCOME_UNKNOWN = (DeadlineExceeded, Unavailable, ResourceExhausted, StaleEpoch
 and pushed again with the same sequence, so it counts once either way."""
 _MAX_SEGMENT_BYTES = rpc.MAX_MESSAGE_BYTES - 64 * 1024
 """Largest encoded batch the SDK tries to send (gRPC's limit less framing)."""
-
-
-class Batch(NamedTuple):
-    """Records for one push to one partition."""
-
-    keys: list[Any] | None
-    values: list[Any]
-    encoded: common_pb2.RecordBatch | None = None
-    """Its wire form, when packed while its records were grouped
-    (:func:`_packed_batches`); None: packed when pushed."""
-
-
-PACK_CHUNK = 16_384
-"""Records of a keyed send grouped by partition, and packed, at a time.
-Packing a partition's records right after grouping them reads them while
-they are in the processor's cache; packing each partition of a whole send
-afterwards reads every Nth record of the send (1,000,000 taxi records in 12
-partitions: 0.32 s against 0.04 s for the same records in send order)."""
 
 
 def _too_large(error: GridstreamError) -> bool:
@@ -229,15 +214,16 @@ class Client(ControlCalls):
                                   f"{MAX_CLIENT_SEQUENCE} (the range above is the cluster's)")
         routing = await self._routing(job_id)
         partitions = routing.partitions
-        per_partition: dict[int, list[Batch]] = {}
-        total = 0
+        steps: Iterator[Step]
         if keys is not None:
             values = list(values)
             if len(keys) != len(values):
                 raise ValueError("keys and values differ in length")
             check_nesting(keys, "key")
             check_nesting(values, "record")
-            per_partition = _packed_batches(keys, values, partitions, self.batch_size)
+            steps = packed_steps(keys, values, partitions, self.batch_size)
+            if not packs_surely(keys, values):  # a PayloadError must come before any push
+                steps = iter([list(itertools.chain.from_iterable(steps))])
             total = len(values)
         else:
             if not isinstance(values, Sized):
@@ -245,26 +231,60 @@ class Client(ControlCalls):
             iterator = iter(values)
             turn = itertools.count() if producer is not None else self._round_robin
             size = unkeyed_batch_size(self.batch_size, len(values), partitions)
+            unkeyed: Step = []
+            total = 0
             while chunk := list(itertools.islice(iterator, size)):
                 check_nesting(chunk, "record")
-                p = next(turn) % partitions
-                per_partition.setdefault(p, []).append(Batch(None, chunk))
+                unkeyed.append((next(turn) % partitions, Batch(None, chunk)))
                 total += len(chunk)
-        order = sorted(per_partition)
-        if producer is not None and first_sequence is not None:
-            channel = f"src/{producer}"
-            outcomes = await asyncio.gather(*(
-                self._send_sequenced(job_id, p, per_partition[p], channel, first_sequence)
-                for p in order
-            ), return_exceptions=True)
-        else:
-            outcomes = await asyncio.gather(
-                *(self._send_partition(job_id, p, per_partition[p]) for p in order),
-                return_exceptions=True,
-            )
-        self._raise_partial(job_id, dict(zip(order, outcomes, strict=True)),
-                            restart_safe=producer is not None)
+            steps = iter([unkeyed])
+        outcomes = await self._push_steps(job_id, steps, producer, first_sequence)
+        self._raise_partial(job_id, outcomes, restart_safe=producer is not None)
         return total
+
+    async def _push_steps(self, job_id: str, steps: Iterator[Step], producer: str | None,
+                          first_sequence: int | None) -> dict[int, BaseException | None]:
+        """Pushes the batches of a send as packing makes them: a partition's
+        pushes start with its first batch and take the rest in order while
+        later steps are packed (sendbatches). Returns each partition's
+        outcome, in partition order, once all its pushes have finished.
+        A step that fails to pack ends the send with its error once the
+        pushes of the batches already made have finished."""
+        feeds: dict[int, BatchFeed] = {}
+        pushes: dict[int, asyncio.Task[None]] = {}
+        try:
+            for step in steps:
+                for p, batch in step:
+                    feed = feeds.get(p)
+                    if feed is None:
+                        feed = feeds[p] = BatchFeed()
+                        pushes[p] = asyncio.create_task(
+                            self._send_feed(job_id, p, feed, producer, first_sequence),
+                            name=f"send to {job_id}/{p}")
+                    feed.put(batch)
+                await asyncio.sleep(0)  # the pushes go on while the next records are packed
+        except asyncio.CancelledError:
+            for push in pushes.values():
+                push.cancel()
+            await asyncio.gather(*pushes.values(), return_exceptions=True)
+            raise
+        except Exception:
+            for feed in feeds.values():
+                feed.close()
+            await asyncio.gather(*pushes.values(), return_exceptions=True)
+            raise
+        for feed in feeds.values():
+            feed.close()
+        outcomes = await asyncio.gather(*pushes.values(), return_exceptions=True)
+        return dict(sorted(zip(pushes, outcomes, strict=True)))
+
+    async def _send_feed(self, job_id: str, partition: int, feed: BatchFeed,
+                         producer: str | None, first_sequence: int | None) -> None:
+        if producer is not None and first_sequence is not None:
+            await self._send_sequenced(job_id, partition, feed, f"src/{producer}",
+                                       first_sequence)
+        else:
+            await self._send_partition(job_id, partition, feed)
 
     def _raise_partial(self, job_id: str, outcomes: dict[int, BaseException | None],
                        restart_safe: bool = False) -> None:
@@ -306,8 +326,9 @@ class Client(ControlCalls):
         with an unknown outcome (a push that timed out or found no worker);
         :meth:`send` does it first anyway."""
         parts = sorted(p for j, p in self._pending if j == job_id)
-        outcomes = await asyncio.gather(*(self._send_partition(job_id, p, []) for p in parts),
-                                        return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(self._send_partition(job_id, p, BatchFeed(closed=True)) for p in parts),
+            return_exceptions=True)
         self._raise_partial(job_id, dict(zip(parts, outcomes, strict=True)))
 
     def _segment(self, partition: int, channel: str, sequence: int, batch: Batch,
@@ -330,11 +351,13 @@ class Client(ControlCalls):
                                   sequence=sequence, batch=encoded)
 
     async def _send_sequenced(
-        self, job_id: str, partition: int, batches: list[Batch],
+        self, job_id: str, partition: int, feed: BatchFeed,
         channel: str, first_sequence: int,
     ) -> None:
-        for n, batch in enumerate(batches):
+        n = 0
+        while (batch := await feed.next()) is not None:
             segment = self._segment(partition, channel, first_sequence + n, batch, False)
+            n += 1
             assert segment is not None
             try:
                 await self._push(job_id, segment)
@@ -350,7 +373,7 @@ class Client(ControlCalls):
         return ResourceExhausted(f"a batch of {len(batch[1])} record(s) to partition "
                                  f"{partition} can never be sent: {error}{advice}")
 
-    async def _send_partition(self, job_id: str, partition: int, batches: list[Batch]) -> None:
+    async def _send_partition(self, job_id: str, partition: int, feed: BatchFeed) -> None:
         """Pushes a partition's batches in order, each with the next sequence.
         A batch whose push ended with an unknown outcome keeps its sequence
         and is pushed again first by the next send; a batch refused for its
@@ -370,10 +393,11 @@ class Client(ControlCalls):
                 del self._pending[seq_key]
                 self._acked[seq_key] = held.sequence
             # Batches a failed send left unsent go first, in their order.
-            queue: collections.deque[Batch] = collections.deque(
-                [*self._unsent.pop(seq_key, []), *batches])
-            while queue:
-                batch = queue.popleft()
+            queue: collections.deque[Batch] = collections.deque(self._unsent.pop(seq_key, []))
+            while True:
+                batch = queue.popleft() if queue else await feed.next()
+                if batch is None:
+                    break
                 sequence = self._sequences.get(seq_key, 0) + 1
                 segment = self._segment(partition, self.channel_name, sequence, batch, True)
                 if segment is not None and self._acked.get(seq_key) == sequence - 1:
@@ -381,13 +405,13 @@ class Client(ControlCalls):
                     # hold it has lost it, and says so (docs/recovery.md).
                     segment.previous_sequence = sequence - 1
                 if segment is None:
-                    queue.extendleft(reversed(_halves(batch)))
+                    queue.extendleft(reversed(halves(batch)))
                     continue
                 try:
                     await self._push(job_id, segment)
                 except GridstreamError as exc:
                     if _too_large(exc) and len(batch[1]) > 1:
-                        queue.extendleft(reversed(_halves(batch)))  # nothing was appended
+                        queue.extendleft(reversed(halves(batch)))  # nothing was appended
                         continue
                     if _too_large(exc):
                         raise self._never_fits(exc, batch, partition, "") from None
@@ -396,7 +420,7 @@ class Client(ControlCalls):
                         self._pending[seq_key] = segment
                         # The partition's later batches wait behind it, held too:
                         # the next send or flush pushes them after it, in order.
-                        self._unsent[seq_key] = list(queue)
+                        self._unsent[seq_key] = [*queue, *await feed.rest()]
                     raise
                 self._sequences[seq_key] = sequence
                 self._acked[seq_key] = sequence
@@ -494,76 +518,5 @@ class Client(ControlCalls):
                 for entry in await self._state.read_dead_letters(job_id)]
 
 
-def _packed_batches(keys: Sequence[Any], values: list[Any], partitions: int,
-                    batch_size: int) -> dict[int, list[Batch]]:
-    """A keyed send's batches per partition, each at most ``batch_size``
-    records in record order, packed :data:`PACK_CHUNK` records at a time
-    (:func:`gridstream.codec.batch_of_runs` joins the runs)."""
-    runs: dict[int, list[tuple[list[Any], list[Any], bytes, bytes]]] = {}
-    counts: dict[int, int] = {}
-    out: dict[int, list[Batch]] = {}
-    known: dict[str, int] = {}
-
-    def close(p: int) -> None:
-        parts = runs.pop(p)
-        out.setdefault(p, []).append(Batch(
-            list(itertools.chain.from_iterable(r[0] for r in parts)),
-            list(itertools.chain.from_iterable(r[1] for r in parts)),
-            codec.batch_of_runs(counts.pop(p), [r[2] for r in parts], [r[3] for r in parts])))
-
-    step = min(PACK_CHUNK, batch_size)  # a run always fits in an empty batch
-    for start in range(0, len(values), step):
-        grouped = _group_by_partition(keys[start:start + step], values[start:start + step],
-                                      partitions, known)
-        for p, (bk, bv) in grouped.items():
-            if counts.get(p, 0) + len(bv) > batch_size:
-                close(p)
-            runs.setdefault(p, []).append((bk, bv, codec.packed_items(bk),
-                                           codec.packed_items(bv)))
-            counts[p] = counts.get(p, 0) + len(bv)
-    for p in list(runs):
-        close(p)
-    return {p: out[p] for p in sorted(out)}
-
-
-def _group_by_partition(keys: Sequence[Any], values: list[Any], partitions: int,
-                        known: dict[str, int] | None = None
-                        ) -> dict[int, tuple[list[Any], list[Any]]]:
-    """Keys and values per partition (:func:`partition_for_key`), in record
-    order, partitions in ascending order. A str key's partition is computed
-    once per distinct key (only exact str keys are remembered in ``known``:
-    ``1``, ``1.0`` and ``True`` are equal as dict keys but not as partition
-    keys)."""
-    known = {} if known is None else known
-    bucket_keys: list[list[Any]] = [[] for _ in range(partitions)]
-    bucket_values: list[list[Any]] = [[] for _ in range(partitions)]
-    for k, v in zip(keys, values, strict=True):
-        if type(k) is str:
-            p = known.get(k)
-            if p is None:
-                p = known[k] = partition_for_key(k, partitions)
-        else:
-            p = partition_for_key(k, partitions)
-        bucket_keys[p].append(k)
-        bucket_values[p].append(v)
-    return {p: (bucket_keys[p], bucket_values[p]) for p in range(partitions)
-            if bucket_values[p]}
-
-
-def unkeyed_batch_size(batch_size: int, count: int, partitions: int) -> int:
-    """Records per batch of an unkeyed send of ``count`` records: one batch per
-    partition when that stays within ``batch_size``, but no fewer records
-    than :data:`SPREAD_MIN_BATCH` (or ``batch_size`` if smaller) a batch."""
-    floor = min(batch_size, SPREAD_MIN_BATCH)
-    return min(batch_size, max(floor, -(-count // max(1, partitions))))
-
-
-def _halves(batch: Batch) -> list[Batch]:
-    """A batch cut in two, keys with their values (each packed when pushed)."""
-    keys, values, _ = batch
-    middle = len(values) // 2
-    return [Batch(None if keys is None else keys[:middle], values[:middle]),
-            Batch(None if keys is None else keys[middle:], values[middle:])]
-
-
-__all__ = ["DEFAULT_BATCH_SIZE", "Client", "GridstreamError"]
+__all__ = ["DEFAULT_BATCH_SIZE", "SPREAD_MIN_BATCH", "Client", "GridstreamError",
+           "unkeyed_batch_size"]

@@ -5,7 +5,8 @@ small ``batch_size`` is kept."""
 
 from __future__ import annotations
 
-from gridstream.client import DEFAULT_BATCH_SIZE, SPREAD_MIN_BATCH, unkeyed_batch_size
+from gridstream.client import DEFAULT_BATCH_SIZE
+from gridstream.sendbatches import SPREAD_MIN_BATCH, unkeyed_batch_size
 
 
 def test_a_large_send_goes_in_full_batches() -> None:

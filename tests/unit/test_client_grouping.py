@@ -1,6 +1,7 @@
 """The SDK groups keyed records by partition as record-by-record
 ``partition_for_key`` would: same partitions, record order kept, and keys
-that are equal as dict keys but not as partition keys (1, 1.0, True) apart."""
+that are equal as dict keys but not as partition keys (1, 1.0, True) apart;
+it hands batches over as it packs them only when no record can fail to pack."""
 
 from __future__ import annotations
 
@@ -9,9 +10,15 @@ from typing import Any
 
 import pytest
 
-from gridstream.client import _group_by_partition, _packed_batches
 from gridstream.codec import PayloadError, decode_batch, encode_batch
 from gridstream.ids import partition_for_key
+from gridstream.sendbatches import (
+    PACK_CHUNK,
+    Batch,
+    group_by_partition,
+    packed_steps,
+    packs_surely,
+)
 
 
 def test_grouping_matches_partition_for_key() -> None:
@@ -27,9 +34,17 @@ def test_grouping_matches_partition_for_key() -> None:
                 bucket = expected.setdefault(partition_for_key(k, partitions), ([], []))
                 bucket[0].append(k)
                 bucket[1].append(v)
-            got = _group_by_partition(keys, values, partitions)
+            got = group_by_partition(keys, values, partitions)
             assert sorted(got.items()) == sorted(expected.items())
             assert list(got) == sorted(got)
+
+
+def _per_partition(steps: list[list[tuple[int, Batch]]]) -> dict[int, list[Batch]]:
+    batches: dict[int, list[Batch]] = {}
+    for step in steps:
+        for p, batch in step:
+            batches.setdefault(p, []).append(batch)
+    return batches
 
 
 def test_packed_batches_are_the_grouped_records_cut_and_packed_in_order() -> None:
@@ -38,9 +53,9 @@ def test_packed_batches_are_the_grouped_records_cut_and_packed_in_order() -> Non
                                           (3, 40_000, 100_000)):
         keys = [f"dev{rng.randrange(500)}" for _ in range(count)]
         values: list[Any] = [[k, i, "x" * (i % 9)] for i, k in enumerate(keys)]
-        batches = _packed_batches(keys, values, partitions, batch_size)
-        assert list(batches) == sorted(batches)
-        for p, (bk, bv) in _group_by_partition(keys, values, partitions).items():
+        steps = list(packed_steps(keys, values, partitions, batch_size))
+        batches = _per_partition(steps)
+        for p, (bk, bv) in group_by_partition(keys, values, partitions).items():
             assert all(0 < len(b.values) <= batch_size for b in batches[p])
             assert [k for b in batches[p] for k in b.keys or []] == bk
             assert [v for b in batches[p] for v in b.values] == bv
@@ -50,6 +65,31 @@ def test_packed_batches_are_the_grouped_records_cut_and_packed_in_order() -> Non
                 assert decode_batch(batch.encoded) == (batch.keys, batch.values)
 
 
-def test_a_keyed_send_that_msgpack_cannot_carry_fails_before_any_push() -> None:
+def test_full_batches_are_handed_over_at_the_step_that_filled_them() -> None:
+    """A batch leaves as soon as a chunk fills it, so pushes can begin while
+    the rest of the send is packed; only the last step holds partial ones."""
+    keys = [f"dev{i % 300}" for i in range(10 * PACK_CHUNK)]
+    values = [f"record {i}" for i in range(len(keys))]
+    steps = list(packed_steps(keys, values, 4, PACK_CHUNK))
+    assert len(steps) == 11  # one per chunk, then the partly filled batches
+    handed_early = [batch for step in steps[:-1] for _, batch in step]
+    assert any(steps[:4]) and steps[-1]  # about a quarter of each chunk per partition
+    assert sum(len(batch.values) for batch in handed_early) > len(values) * 3 // 4
+    assert [p for p, _ in steps[-1]] == sorted(p for p, _ in steps[-1])
+
+
+def test_only_ascii_text_is_certain_to_pack() -> None:
+    assert packs_surely(["a", "b"], ["line one", '{"lat": 1}'])
+    assert packs_surely([], [])
+    assert not packs_surely(["a"], ["caf\u00e9"])  # UTF-8 could still refuse some text
+    assert not packs_surely(["a"], ["\ud800"])  # a lone surrogate: msgpack refuses it
+    assert not packs_surely([1], ["x"])
+    assert not packs_surely(["a"], [b"bytes"])
+    assert not packs_surely(["a"], [{"a": 1}])
+
+
+def test_a_keyed_send_that_msgpack_cannot_carry_fails_while_packing() -> None:
     with pytest.raises(PayloadError, match="msgpack-serialisable"):
-        _packed_batches(["a", "b"], ["fine", {1, 2}], 3, 100)
+        list(packed_steps(["a", "b"], ["fine", {1, 2}], 3, 100))
+    with pytest.raises(PayloadError, match="msgpack-serialisable"):
+        list(packed_steps(["a"], ["\ud800"], 3, 100))

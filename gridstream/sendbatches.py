@@ -1,0 +1,178 @@
+"""How the records of one ``Client.send`` become the batches of its pushes.
+
+A keyed send groups its records by partition and packs each partition's
+records into msgpack while they are still in the processor's cache,
+:data:`PACK_CHUNK` records at a time (:func:`packed_steps`). The steps are
+handed to the pushes as they are made, so the first partitions' pushes are
+under way while later records are still being grouped: for 1,000,000 taxi
+records, grouping and packing take about 0.35 s of the client's CPU, which
+the workers would otherwise spend idle.
+
+Handing batches over before the whole send is packed is safe only when no
+record can fail to pack, because a keyed send promises that a record msgpack
+cannot carry fails the send before anything is pushed.
+:func:`packs_surely` says when that holds (ASCII text keys and values, the
+common case, checked in C); otherwise the client packs the whole send first.
+An unkeyed send is cut into batches of whole slices, packed as each is pushed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
+
+from gridstream import codec
+from gridstream.ids import partition_for_key
+from gridstream.v1 import common_pb2
+
+SPREAD_MIN_BATCH = 5_000
+"""An unkeyed send of a list is cut into one batch per partition, but into
+batches of no fewer records than this (or ``batch_size`` if smaller): a batch
+costs the cluster about as much as thousands of records, so a small send goes
+whole to one partition rather than in slivers to all."""
+
+PACK_CHUNK = 16_384
+"""Records of a keyed send grouped by partition, and packed, at a time.
+Packing a partition's records right after grouping them reads them while
+they are in the processor's cache; packing each partition of a whole send
+afterwards reads every Nth record of the send (1,000,000 taxi records in 12
+partitions: 0.32 s against 0.04 s for the same records in send order)."""
+
+
+class Batch(NamedTuple):
+    """Records for one push to one partition."""
+
+    keys: list[Any] | None
+    values: list[Any]
+    encoded: common_pb2.RecordBatch | None = None
+    """Its wire form, when packed while its records were grouped
+    (:func:`packed_steps`); None: packed when pushed."""
+
+
+Step = list[tuple[int, Batch]]
+"""The batches (partition, batch) one step of packing completed, each
+partition's in the order they are to be pushed."""
+
+
+def packs_surely(keys: Sequence[Any], values: Sequence[Any]) -> bool:
+    """Whether msgpack is certain to pack every key and value, so a keyed
+    send may push its first batches before the last are packed: every key
+    and value is ASCII text (``str.isascii`` reads a flag of the string, so
+    this costs one C call per record). Anything else (other types, or text
+    with characters UTF-8 may refuse, such as lone surrogates) is packed in
+    full before the first push."""
+    try:
+        return all(map(str.isascii, keys)) and all(map(str.isascii, values))
+    except TypeError:  # a key or value that is not a str
+        return False
+
+
+def packed_steps(keys: Sequence[Any], values: list[Any], partitions: int,
+                 batch_size: int) -> Iterator[Step]:
+    """A keyed send's batches, each at most ``batch_size`` records of one
+    partition in record order, packed :data:`PACK_CHUNK` records at a time
+    (:func:`gridstream.codec.batch_of_runs` joins the runs). Yields, per
+    chunk, the batches the chunk filled, then the partly filled ones in
+    partition order. Raises :class:`gridstream.codec.PayloadError` at the
+    chunk holding a record msgpack cannot carry."""
+    runs: dict[int, list[tuple[list[Any], list[Any], bytes, bytes]]] = {}
+    counts: dict[int, int] = {}
+    known: dict[str, int] = {}
+
+    def close(p: int) -> Batch:
+        parts = runs.pop(p)
+        return Batch(list(itertools.chain.from_iterable(r[0] for r in parts)),
+                     list(itertools.chain.from_iterable(r[1] for r in parts)),
+                     codec.batch_of_runs(counts.pop(p), [r[2] for r in parts],
+                                         [r[3] for r in parts]))
+
+    step = min(PACK_CHUNK, batch_size)  # a run always fits in an empty batch
+    for start in range(0, len(values), step):
+        closed: Step = []
+        grouped = group_by_partition(keys[start:start + step], values[start:start + step],
+                                     partitions, known)
+        for p, (bk, bv) in grouped.items():
+            if counts.get(p, 0) + len(bv) > batch_size:
+                closed.append((p, close(p)))
+            runs.setdefault(p, []).append((bk, bv, codec.packed_items(bk),
+                                           codec.packed_items(bv)))
+            counts[p] = counts.get(p, 0) + len(bv)
+        yield closed
+    yield [(p, close(p)) for p in sorted(runs)]
+
+
+def group_by_partition(keys: Sequence[Any], values: list[Any], partitions: int,
+                       known: dict[str, int] | None = None
+                       ) -> dict[int, tuple[list[Any], list[Any]]]:
+    """Keys and values per partition (:func:`partition_for_key`), in record
+    order, partitions in ascending order. A str key's partition is computed
+    once per distinct key (only exact str keys are remembered in ``known``:
+    ``1``, ``1.0`` and ``True`` are equal as dict keys but not as partition
+    keys)."""
+    known = {} if known is None else known
+    bucket_keys: list[list[Any]] = [[] for _ in range(partitions)]
+    bucket_values: list[list[Any]] = [[] for _ in range(partitions)]
+    for k, v in zip(keys, values, strict=True):
+        if type(k) is str:
+            p = known.get(k)
+            if p is None:
+                p = known[k] = partition_for_key(k, partitions)
+        else:
+            p = partition_for_key(k, partitions)
+        bucket_keys[p].append(k)
+        bucket_values[p].append(v)
+    return {p: (bucket_keys[p], bucket_values[p]) for p in range(partitions)
+            if bucket_values[p]}
+
+
+def unkeyed_batch_size(batch_size: int, count: int, partitions: int) -> int:
+    """Records per batch of an unkeyed send of ``count`` records: one batch per
+    partition when that stays within ``batch_size``, but no fewer records
+    than :data:`SPREAD_MIN_BATCH` (or ``batch_size`` if smaller) a batch."""
+    floor = min(batch_size, SPREAD_MIN_BATCH)
+    return min(batch_size, max(floor, -(-count // max(1, partitions))))
+
+
+def halves(batch: Batch) -> list[Batch]:
+    """A batch cut in two, keys with their values (each packed when pushed)."""
+    keys, values, _ = batch
+    middle = len(values) // 2
+    return [Batch(None if keys is None else keys[:middle], values[:middle]),
+            Batch(None if keys is None else keys[middle:], values[middle:])]
+
+
+class BatchFeed:
+    """One partition's batches of one send, in push order, handed over while
+    the send is still packing later ones; closed once the send has no more
+    for the partition. The partition's pushes take them one at a time."""
+
+    def __init__(self, batches: Sequence[Batch] = (), closed: bool = False) -> None:
+        self._queue: asyncio.Queue[Batch | None] = asyncio.Queue()
+        for batch in batches:
+            self._queue.put_nowait(batch)
+        if closed:
+            self.close()
+
+    def put(self, batch: Batch) -> None:
+        """Hands over the partition's next batch."""
+        self._queue.put_nowait(batch)
+
+    def close(self) -> None:
+        """No batch follows those handed over."""
+        self._queue.put_nowait(None)
+
+    async def next(self) -> Batch | None:
+        """The next batch, once packed; None once the feed is closed and empty."""
+        batch = await self._queue.get()
+        if batch is None:
+            self._queue.put_nowait(None)  # closed stays closed for the next caller
+        return batch
+
+    async def rest(self) -> list[Batch]:
+        """Every batch still to come (waits for the feed to close)."""
+        batches: list[Batch] = []
+        while (batch := await self.next()) is not None:
+            batches.append(batch)
+        return batches
