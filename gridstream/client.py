@@ -200,7 +200,9 @@ class Client(ControlCalls):
         refused at once (InvalidArgument), as is one too large for any push
         (ResourceExhausted naming the limit); a keyed send whose records
         msgpack cannot carry (a set, an int over 64 bits) raises
-        ``gridstream.codec.PayloadError`` before anything is pushed. When
+        ``gridstream.codec.PayloadError`` before anything is pushed (so only
+        a keyed send of ASCII text, certain to pack, starts pushing before
+        all of it is packed: :mod:`gridstream.sendbatches`). When
         some partitions fail, every other partition's pushes still finish,
         and the error raised says which partitions were sent, which hold a
         batch the client will push again with the same sequence, and which
