@@ -221,10 +221,11 @@ class Client(ControlCalls):
             values = list(values)
             if len(keys) != len(values):
                 raise ValueError("keys and values differ in length")
-            check_nesting(keys, "key")
-            check_nesting(values, "record")
             steps = packed_steps(keys, values, partitions, self.batch_size)
-            if not packs_surely(keys, values):  # a PayloadError must come before any push
+            if not packs_surely(keys, values):  # (text alone, which nests nothing)
+                check_nesting(keys, "key")
+                check_nesting(values, "record")
+                # A PayloadError must come before any push: everything is packed first.
                 steps = iter([list(itertools.chain.from_iterable(steps))])
             total = len(values)
         else:
