@@ -47,7 +47,6 @@ from gridstream.replicas import ReplicaClient
 from gridstream.retry import Backoff, RetryExhausted
 from gridstream.routing import RoutingView
 from gridstream.sendbatches import (
-    SPREAD_MIN_BATCH,
     Batch,
     BatchFeed,
     Step,
@@ -182,9 +181,10 @@ class Client(ControlCalls):
         """Sends records in batches; returns once every one is acknowledged
         (appended to its partition's JobContainer). With ``keys``, records go to
         the partition of their key; without, batches are spread over the
-        partitions in turn (:func:`unkeyed_batch_size`: a send of fewer than
-        ``batch_size`` records per partition goes in one batch to each, so it
-        keeps every partition busy). Returns the number of records sent.
+        partitions in turn (:func:`~gridstream.sendbatches.unkeyed_batch_size`:
+        a send of fewer than ``batch_size`` records per partition goes in one
+        batch to each, so it keeps every partition busy). Returns the number
+        of records sent.
 
         Exactly once across sender restarts: give a stable ``producer`` (its
         channel becomes ``src/<producer>``) and a ``first_sequence`` that is
@@ -521,5 +521,4 @@ class Client(ControlCalls):
                 for entry in await self._state.read_dead_letters(job_id)]
 
 
-__all__ = ["DEFAULT_BATCH_SIZE", "SPREAD_MIN_BATCH", "Client", "GridstreamError",
-           "unkeyed_batch_size"]
+__all__ = ["DEFAULT_BATCH_SIZE", "Client", "GridstreamError"]
