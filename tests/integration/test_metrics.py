@@ -19,15 +19,23 @@ def scrape(address: str) -> str:
         return str(response.read().decode())
 
 
-async def test_metrics_endpoints_expose_the_named_series(cluster: LocalCluster,
-                                                         client: Client) -> None:
-    job_id = await client.submit(wordcount.job())
-    lines = wordcount.generate(20_000, seed=2)
+async def run_wordcount(cluster: LocalCluster, client: Client, lines: list[str],
+                        delivery: str = "exactly_once") -> tuple[str, str]:
+    """Runs wordcount over ``lines`` to the end, checks its results, and
+    returns its job id and every worker's metrics text, scraped after."""
+    job_id = await client.submit(wordcount.job(delivery=delivery))
     await client.send(job_id, lines)
     await client.drain(job_id)
     assert await client.results(job_id) == wordcount.reference(lines)
     worker_text = "\n".join([await asyncio.to_thread(scrape, m.metrics_address)
                              for m in cluster.members.values() if m.role == "worker"])
+    return job_id, worker_text
+
+
+async def test_metrics_endpoints_expose_the_named_series(cluster: LocalCluster,
+                                                         client: Client) -> None:
+    lines = wordcount.generate(20_000, seed=2)
+    job_id, worker_text = await run_wordcount(cluster, client, lines)
     for series in ("gridstream_records_in_total", "gridstream_records_out_total",
                    "gridstream_records_processed_total", "gridstream_queue_depth_records",
                    "gridstream_snapshot_lag_batches", "gridstream_windows_persisted_total",
@@ -89,13 +97,8 @@ async def test_only_tasks_that_write_result_rows_show_their_linger(
         cluster: LocalCluster, client: Client) -> None:
     # at_most_once: the count task writes its rows (nothing is read from
     # state), the split task has no sink and so no rows to hold back.
-    job_id = await client.submit(wordcount.job(delivery="at_most_once"))
     lines = wordcount.generate(5_000, seed=4)
-    await client.send(job_id, lines)
-    await client.drain(job_id)
-    assert await client.results(job_id) == wordcount.reference(lines)
-    worker_text = "\n".join([await asyncio.to_thread(scrape, m.metrics_address)
-                             for m in cluster.members.values() if m.role == "worker"])
+    job_id, worker_text = await run_wordcount(cluster, client, lines, "at_most_once")
     linger = [line for line in worker_text.splitlines()
               if line.startswith("gridstream_results_linger_seconds{")
               and f'job="{job_id}"' in line]
