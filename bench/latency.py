@@ -51,7 +51,12 @@ Writes ``latency.txt``, ``latency.json`` and ``latency.png`` to ``--out``
 
     .venv/bin/python bench/latency.py [--workload wordcount|taxi] [--delivery exactly_once]
                                       [--seconds 60] [--rate UNITS_PER_S | --fraction 0.5]
+                                      [--tick-ms 50] [--partitions 0] [--tracking-flush-s 0]
                                       [--out DIR] [--replot DIR/latency.json]
+
+``--partitions`` and ``--tracking-flush-s`` set the job's partitions and the
+cluster's window flush (0: their defaults, 12 and 1 s); with ``--tick-ms``
+they are what the figure moves with most (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -108,6 +113,8 @@ class Workload:
     """What the rates count: words (wordcount) or records (taxi)."""
     units_per_record: int
     pool: list[str] = field(default_factory=list)
+    partitions: int = 0
+    """The job's partitions (0: the cluster's default)."""
 
     def job(self, delivery: str) -> JobSpec:
         module = JOB_MODULE
@@ -123,7 +130,8 @@ class Workload:
                             key=f"{module}:word_of", initial=0),
                       Stage("observe", "map_batch", f"{module}:observe_sink"),
                       Stage("store", "sink"))
-        return JobSpec(name=f"latency-{self.name}", stages=stages, delivery=delivery)
+        return JobSpec(name=f"latency-{self.name}", stages=stages, delivery=delivery,
+                       partitions=self.partitions)
 
     def payloads(self, start: int = 0) -> Iterator[tuple[str | None, str]]:
         """(key, record) from the ``start``-th record on, without end: taxi's
@@ -149,12 +157,12 @@ class Workload:
         return dict(counts)
 
 
-def make_workload(name: str) -> Workload:
+def make_workload(name: str, partitions: int = 0) -> Workload:
     if name == "taxi":
-        return Workload("taxi", "records", 1)
+        return Workload("taxi", "records", 1, partitions=partitions)
     if name == "wordcount":
         return Workload("wordcount", "words", wordcount.WORDS_PER_LINE,
-                        wordcount.generate(1_000_000, seed=1))
+                        wordcount.generate(1_000_000, seed=1), partitions)
     raise SystemExit(f"unknown workload {name!r}; choose wordcount or taxi")
 
 
@@ -396,13 +404,14 @@ def whole_run(sink: Counter[tuple[int, int]]) -> dict[str, float]:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    workload = make_workload(args.workload)
+    workload = make_workload(args.workload, args.partitions)
     with tempfile.TemporaryDirectory(prefix="gridstream-latency-") as run_dir:
         observed = Path(run_dir) / "observed"
         observed.mkdir()
         base = Config()
         config = replace(base, cluster=replace(
-            base.cluster, job_modules=(*base.cluster.job_modules, JOB_MODULE)))
+            base.cluster, job_modules=(*base.cluster.job_modules, JOB_MODULE),
+            tracking_flush_s=args.tracking_flush_s or base.cluster.tracking_flush_s))
         async with LocalCluster(run_dir, config, workers=3, state_servers=2,
                                 extra_env={latency_job.ENV: str(observed)}) as cluster:
             print("members: " + ", ".join(f"{name} pid {member.pid}"
@@ -462,6 +471,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "fraction": args.fraction,
         "rate_per_s": rate, "seconds": args.seconds, "tick_ms": args.tick_ms,
         "in_flight": args.in_flight, "batch_size": args.batch_size, "spread": args.spread,
+        "partitions": workload.partitions or config.cluster.partitions,
+        "tracking_flush_s": config.cluster.tracking_flush_s,
         "records": paced.records, "units": paced.units, "send_seconds": paced.send_seconds,
         "wall_s": paced.wall, "cpu_s": paced.cpu, "loop_lag_s": lag, "loop_held_s": held,
         "intervals": rows, "whole": whole_run(sink), "target_ms": TARGET_MS,
@@ -490,6 +501,11 @@ def main() -> None:
                         help="wordcount: split each tick's lines over this many partitions "
                              "(default 1: a tick's lines go as one batch to the next "
                              "partition in turn, as a sticky partitioner does)")
+    parser.add_argument("--partitions", type=int, default=0,
+                        help="the job's partitions (default 0: the cluster's, 12)")
+    parser.add_argument("--tracking-flush-s", type=float, default=0.0,
+                        help="the cluster's cluster.tracking_flush_s (default 0: its "
+                             "default, 1 s)")
     parser.add_argument("--in-flight", type=int, default=32,
                         help="most sends in flight at once (default 32)")
     parser.add_argument("--batch-size", type=int, default=5_000,
@@ -500,6 +516,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.peak_runs < 1:
         parser.error("--peak-runs must be at least 1 (the peak is the median of the runs)")
+    if args.partitions < 0 or args.tracking_flush_s < 0:
+        parser.error("--partitions and --tracking-flush-s must be 0 (the default) or more")
     out = out_dir(args.out)
     if args.replot is not None:
         figures = json.loads(args.replot.read_text())

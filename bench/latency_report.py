@@ -34,6 +34,9 @@ def table(f: dict[str, Any]) -> str:
     out.append(f"open loop: due records handed to the client every {f['tick_ms']:g} ms{spread}, "
                f"up to {f['in_flight']} sends in flight, batches of at most {f['batch_size']:,}; "
                f"sending took {f['send_seconds']:.1f} s, drained at {f['wall_s']:.1f} s")
+    if "partitions" in f:  # runs before these were recorded had 12 and 1 s
+        out.append(f"job of {f['partitions']} partitions, cluster.tracking_flush_s "
+                   f"{f['tracking_flush_s']:g} s")
     out.append("")
     out.append(f"{'interval':<10}{'sent/s':>10}{'sink/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
                f"{'p99.9 ms':>10}{'max ms':>9}{'send p99':>10}{'source p99':>12}{'hist. p99':>11}")
