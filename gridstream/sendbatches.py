@@ -148,10 +148,10 @@ class BatchFeed:
     the send is still packing later ones; closed once the send has no more
     for the partition. The partition's pushes take them one at a time."""
 
-    def __init__(self, batches: Sequence[Batch] = (), closed: bool = False) -> None:
+    def __init__(self, closed: bool = False) -> None:
+        """``closed``: a feed with no batch at all (a flush pushes only what
+        earlier sends left)."""
         self._queue: asyncio.Queue[Batch | None] = asyncio.Queue()
-        for batch in batches:
-            self._queue.put_nowait(batch)
         if closed:
             self.close()
 
