@@ -96,8 +96,7 @@ class WorkerNode:
         self.state = StateClient(routing, channels)
         self.backups = BackupStore()
         self.standbys = StandbyStore(node_id, routing, channels, self.state,
-                                     self.jobs.get,
-                                     config.cluster.backup_count)
+                                     self.jobs.get, config.cluster.backup_count)
         self.retired: dict[ContainerKey, JobContainer] = {}
         self._sync_lock = asyncio.Lock()
         self._synced_epoch = 0  # the table epoch our tasks were last aligned with
@@ -152,11 +151,7 @@ class WorkerNode:
 
     def _new_runner(self, runtime: JobRuntime, task: int, partition: int) -> TaskRunner:
         runner = TaskRunner(
-            runtime.job_id,
-            runtime.spec,
-            runtime.tasks,
-            task,
-            partition,
+            runtime.job_id, runtime.spec, runtime.tasks, task, partition,
             self.node_id,
             self.router,
             self.state,
@@ -262,11 +257,11 @@ class WorkerNode:
         """Brings hosted jobs and tasks in line with the routing table. At a
         newer epoch a backup holder may have restarted empty or been replaced,
         so every primary checks its holders now, not at its next append,
-        whichever call aligns (a heartbeat, a push naming a newer epoch)."""
+        whichever call aligns (a heartbeat, a push naming a newer epoch). An
+        epoch counts as aligned once all is: a sync failing part-way is redone."""
         async with self._sync_lock:
             table = self.routing.table
             advanced = table.epoch > self._synced_epoch
-            self._synced_epoch = max(self._synced_epoch, table.epoch)
             listed = {job.job_id for job in table.jobs}
             for job in table.jobs:
                 runtime = self.jobs.get(job.job_id)
@@ -286,6 +281,7 @@ class WorkerNode:
             for job_id in list(self.jobs):
                 if job_id not in listed and self.jobs[job_id].runners:
                     await self.stop_job(job_id)
+            self._synced_epoch = max(self._synced_epoch, table.epoch)
             self.standbys.prune()
             self._check_tracker_layout()
             if advanced:
@@ -313,17 +309,18 @@ class WorkerNode:
 
     async def _stop_task(self, runtime: JobRuntime, key: tuple[int, int]) -> None:
         """Stops a task whose partition moved away; its container stays readable
-        (retired) so the new owner can take the log over."""
-        runner = runtime.runners.pop(key, None)
-        handle = runtime.handles.pop(key, None)
-        if handle is not None:
-            await stop_handle(handle, f"task {runtime.job_id}/t{key[0]}/p{key[1]}")
-        if runner is not None:
-            await runner.container.close()
-            if runner.ready.is_set():
-                self.retired[runner.key] = runner.container
-            log.info("handed off %s (offsets %d..%d)", runner.operator_id,
-                     runner.container.base_offset, runner.container.handoff_end)
+        (retired) for the new owner, also if the task ended in error (raised after)."""
+        runner, handle = runtime.runners.pop(key, None), runtime.handles.pop(key, None)
+        try:
+            if handle is not None:
+                await stop_handle(handle, f"task {runtime.job_id}/t{key[0]}/p{key[1]}")
+        finally:
+            if runner is not None:
+                await runner.container.close()
+                if runner.ready.is_set():
+                    self.retired[runner.key] = runner.container
+                log.info("handed off %s (offsets %d..%d)", runner.operator_id,
+                         runner.container.base_offset, runner.container.handoff_end)
 
     async def fence(self) -> None:
         """The scheduler no longer counts us as a member (we were declared dead,

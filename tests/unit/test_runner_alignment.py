@@ -134,3 +134,81 @@ async def test_every_alignment_with_a_newer_epoch_has_the_primaries_check_their_
         assert sorted(notified) == sorted(r.operator_id for r in runners)
         await node.close()
     await channels.close()
+
+
+async def test_an_alignment_that_fails_part_way_is_done_again() -> None:
+    """A sync that fails part-way (here the first task it stops ends in
+    error) leaves the epoch unaligned, so the next call that aligns does it
+    again and starts the partitions the table gives this worker. When the
+    epoch counted as aligned from the start, they were never started: a
+    chaos run's pushes were refused for minutes as "owned here, but not
+    running"."""
+    node_id = WORKERS[0]
+    routing = RoutingView(cast(Any, None), VIRTUAL_NODES)
+    routing._apply(table(3))
+    config = Config()
+    config = replace(config, cluster=replace(config.cluster, backup_count=0))
+    channels = rpc.ChannelPool()
+    async with asyncio.TaskGroup() as group:
+        node = WorkerNode(config, node_id, routing, channels, group)
+        await node.sync()
+        swapped = table(4)  # every partition moves to the other worker
+        owners = list(swapped.jobs[0].owners)
+        swapped.jobs[0].owners[:] = [WORKERS[1] if o == node_id else node_id for o in owners]
+        mine = {(0, p) for p, owner in enumerate(swapped.jobs[0].owners) if owner == node_id}
+        assert mine and not mine & set(node.jobs[JOB].runners)
+        stop_task = node._stop_task
+        failures = [RuntimeError("a task that ended in error as it was stopped")]
+
+        async def failing_once(runtime: Any, key: tuple[int, int]) -> None:
+            if failures:
+                raise failures.pop()
+            await stop_task(runtime, key)
+
+        node._stop_task = failing_once  # type: ignore[method-assign]
+        routing._apply(swapped)
+        with pytest.raises(RuntimeError, match="ended in error"):
+            await node.sync()
+        # The next call that aligns (a push here, a heartbeat's catch_up
+        # alike) aligns again instead of refusing the push as not running.
+        task, partition = min(mine)
+        runner = await asyncio.wait_for(node.runner_for(JOB, task, partition, 4), 10)
+        assert runner.key == (JOB, task, partition)
+        assert set(node.jobs[JOB].runners) == mine
+        await node.close()
+    await channels.close()
+
+
+async def test_a_task_that_ends_in_error_as_it_stops_still_hands_its_log_over() -> None:
+    """Stopping a task whose handle ends in error raises that error, but only
+    once its container is closed: nothing more is committed here, and the
+    log stays readable for the new owner."""
+    routing = RoutingView(cast(Any, None), VIRTUAL_NODES)
+    routing._apply(table(3))
+    config = Config()
+    config = replace(config, cluster=replace(config.cluster, backup_count=0))
+    channels = rpc.ChannelPool()
+    async with asyncio.TaskGroup() as group:
+        node = WorkerNode(config, WORKERS[0], routing, channels, group)
+        await node.sync()
+        runtime = node.jobs[JOB]
+        key = min(runtime.runners)
+        runner = runtime.runners[key]
+        supervised = runtime.handles[key]
+
+        async def ends_in_error() -> None:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                raise RuntimeError("ended in error as it stopped") from None
+
+        runtime.handles[key] = asyncio.create_task(ends_in_error())
+        await asyncio.sleep(0)  # it is waiting
+        with pytest.raises(RuntimeError, match="ended in error"):
+            await node._stop_task(runtime, key)
+        assert runner.container.closed
+        assert key not in runtime.runners
+        supervised.cancel()
+        await asyncio.gather(supervised, return_exceptions=True)
+        await node.close()
+    await channels.close()
