@@ -12,6 +12,8 @@ brought the alignment: up to a few hundred milliseconds at every new job.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any, cast
 
@@ -48,6 +50,23 @@ def table(epoch: int, with_job: bool = True) -> scheduler_pb2.RoutingTable:
                                                 owners=owners, spec=SPEC.to_proto(),
                                                 created_epoch=epoch))
     return result
+
+
+@contextlib.asynccontextmanager
+async def synced_node(epoch: int, backup_count: int) -> AsyncIterator[WorkerNode]:
+    """worker-1 aligned with the job's table at ``epoch`` (no peers, no
+    scheduler: its table is set here), closed afterwards."""
+    routing = RoutingView(cast(Any, None), VIRTUAL_NODES)
+    routing._apply(table(epoch))
+    config = Config()
+    config = replace(config, cluster=replace(config.cluster, backup_count=backup_count))
+    channels = rpc.ChannelPool()
+    async with asyncio.TaskGroup() as group:
+        node = WorkerNode(config, WORKERS[0], routing, channels, group)
+        await node.sync()
+        yield node
+        await node.close()
+    await channels.close()
 
 
 async def test_a_push_is_taken_by_a_task_the_table_here_gives_this_worker() -> None:
@@ -105,15 +124,7 @@ async def test_every_alignment_with_a_newer_epoch_has_the_primaries_check_their_
     epoch, so the heartbeat does not align again; when only the heartbeat's
     path made the check, a push's alignment skipped it and a chaos run lost
     acknowledged records. The same epoch again checks nothing."""
-    node_id = WORKERS[0]
-    routing = RoutingView(cast(Any, None), VIRTUAL_NODES)
-    routing._apply(table(3))
-    config = Config()
-    config = replace(config, cluster=replace(config.cluster, backup_count=1))
-    channels = rpc.ChannelPool()
-    async with asyncio.TaskGroup() as group:
-        node = WorkerNode(config, node_id, routing, channels, group)
-        await node.sync()
+    async with synced_node(3, backup_count=1) as node:
         runners = list(node.jobs[JOB].runners.values())
         assert runners and all(r.replicator is not None for r in runners)
         notified: list[str] = []
@@ -129,11 +140,9 @@ async def test_every_alignment_with_a_newer_epoch_has_the_primaries_check_their_
             replicator.notify = counted  # type: ignore[method-assign]
         await node.sync()  # the same epoch: nothing changed
         assert notified == []
-        routing._apply(table(4))  # a newer table, as a push's refresh brings it
+        node.routing._apply(table(4))  # a newer table, as a push's refresh brings it
         await node.sync()
         assert sorted(notified) == sorted(r.operator_id for r in runners)
-        await node.close()
-    await channels.close()
 
 
 async def test_an_alignment_that_fails_part_way_is_done_again() -> None:
@@ -144,14 +153,7 @@ async def test_an_alignment_that_fails_part_way_is_done_again() -> None:
     chaos run's pushes were refused for minutes as "owned here, but not
     running"."""
     node_id = WORKERS[0]
-    routing = RoutingView(cast(Any, None), VIRTUAL_NODES)
-    routing._apply(table(3))
-    config = Config()
-    config = replace(config, cluster=replace(config.cluster, backup_count=0))
-    channels = rpc.ChannelPool()
-    async with asyncio.TaskGroup() as group:
-        node = WorkerNode(config, node_id, routing, channels, group)
-        await node.sync()
+    async with synced_node(3, backup_count=0) as node:
         swapped = table(4)  # every partition moves to the other worker
         owners = list(swapped.jobs[0].owners)
         swapped.jobs[0].owners[:] = [WORKERS[1] if o == node_id else node_id for o in owners]
@@ -166,7 +168,7 @@ async def test_an_alignment_that_fails_part_way_is_done_again() -> None:
             await stop_task(runtime, key)
 
         node._stop_task = failing_once  # type: ignore[method-assign]
-        routing._apply(swapped)
+        node.routing._apply(swapped)
         with pytest.raises(RuntimeError, match="ended in error"):
             await node.sync()
         # The next call that aligns (a push here, a heartbeat's catch_up
@@ -175,22 +177,13 @@ async def test_an_alignment_that_fails_part_way_is_done_again() -> None:
         runner = await asyncio.wait_for(node.runner_for(JOB, task, partition, 4), 10)
         assert runner.key == (JOB, task, partition)
         assert set(node.jobs[JOB].runners) == mine
-        await node.close()
-    await channels.close()
 
 
 async def test_a_task_that_ends_in_error_as_it_stops_still_hands_its_log_over() -> None:
     """Stopping a task whose handle ends in error raises that error, but only
     once its container is closed: nothing more is committed here, and the
     log stays readable for the new owner."""
-    routing = RoutingView(cast(Any, None), VIRTUAL_NODES)
-    routing._apply(table(3))
-    config = Config()
-    config = replace(config, cluster=replace(config.cluster, backup_count=0))
-    channels = rpc.ChannelPool()
-    async with asyncio.TaskGroup() as group:
-        node = WorkerNode(config, WORKERS[0], routing, channels, group)
-        await node.sync()
+    async with synced_node(3, backup_count=0) as node:
         runtime = node.jobs[JOB]
         key = min(runtime.runners)
         runner = runtime.runners[key]
@@ -210,5 +203,3 @@ async def test_a_task_that_ends_in_error_as_it_stops_still_hands_its_log_over() 
         assert key not in runtime.runners
         supervised.cancel()
         await asyncio.gather(supervised, return_exceptions=True)
-        await node.close()
-    await channels.close()
