@@ -70,9 +70,14 @@ async def test_a_reader_killed_mid_file_resumes_exactly_once(tmp_path: Path) -> 
             reader.send_signal(signal.SIGKILL)  # mid-file, mid-send or mid-cursor
             await reader.wait()
             reader = await asyncio.create_subprocess_exec(*argv, cwd=str(REPO_ROOT), env=env)
-            await cursor_at(cursor, "clicks-2.jsonl")
-            cluster.kill("worker-2", signal.SIGKILL)  # records in flight on every edge
-            assert await asyncio.wait_for(reader.wait(), 180) == 0
+            try:
+                await cursor_at(cursor, "clicks-2.jsonl")
+                cluster.kill("worker-2", signal.SIGKILL)  # records in flight on every edge
+                assert await asyncio.wait_for(reader.wait(), 180) == 0
+            finally:
+                if reader.returncode is None:  # a failure must not leave the reader running
+                    reader.kill()
+                    await reader.wait()
             progress = await client.drain(job_id, timeout_s=180)
             assert not progress.losses
             users = await client.results(job_id, sink="users")
