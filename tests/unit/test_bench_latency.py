@@ -80,3 +80,26 @@ def test_observations_are_counted_by_due_second_and_read_back(
     assert observed == expected
     assert steps_between(observed, 1_799_999_999, 1_800_000_004) == {156: 2}
     assert steps_between(observed, 0, 2**62) == {156: 2, 15_000: 1}
+
+
+@pytest.mark.parametrize("spread_s", [0.02, 1.5, 30.0, 5_000.0])
+def test_a_large_batch_is_counted_as_record_by_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spread_s: float) -> None:
+    """Batches above SMALL_BATCH take the vectorised path (bincount per
+    second, or a sort when spread out); its counts equal the per-record
+    loop's, across second boundaries, unstamped records and future stamps."""
+    monkeypatch.setenv(latency_job.ENV, str(tmp_path))
+    rng = random.Random(7)
+    now = 1_800_000_000.25
+    for _ in range(50):
+        count = rng.choice([latency_job.SMALL_BATCH + 1, 400, 5_000])
+        start = now - rng.choice([0.01, 0.3, 2.0]) - spread_s
+        stamps = [0.0 if rng.random() < 0.05 else start + rng.random() * spread_s * 1.2
+                  for _ in range(count)]
+        vectorised = latency_job.Recorder("sink")
+        vectorised.observe(stamps, now=now)
+        one_by_one = latency_job.Recorder("source")
+        for stamp in stamps:
+            one_by_one.observe([stamp], now=now)
+        assert vectorised._counts == one_by_one._counts
+        assert vectorised._counts.total() == sum(1 for s in stamps if s > 0)
