@@ -31,6 +31,15 @@ connection while the writer starts no group, so it finishes and the log
 restarts from its beginning (a checkpoint beside a writer that never pauses
 never catches up, and the log grows without end); an urgent write arriving
 meanwhile is committed at once, beside the copy, which SQLite allows.
+
+No statement of the write connection may be left active (a cursor of a
+statement that answers rows, read only in part or not at all): the
+interrupt is sent again until the group gives way, so one can land between
+two statements, and SQLite forgets it at the next statement only when none
+of the connection's statements is active. aiosqlite keeps the cursor of the
+last call it ran until the next call succeeds, so one such cursor made that
+interrupt fail every later write, for good. Statements that answer rows go
+through ``execute_fetchall``.
 """
 
 from __future__ import annotations
@@ -242,7 +251,8 @@ class GroupCommitter:
         as one, and copy the write-ahead log back now and then."""
         try:
             if self._checkpoint_conn is not None:  # checkpoints between groups, not in COMMIT
-                await self._conn.execute("PRAGMA wal_autocheckpoint=0")
+                # Read to its end (see the module): this PRAGMA answers a row.
+                await self._conn.execute_fetchall("PRAGMA wal_autocheckpoint=0")
             last_checkpoint = time.monotonic()
             while True:
                 if not self._urgent and not self._carried and self._queue.empty():

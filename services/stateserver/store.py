@@ -121,9 +121,11 @@ class SnapshotStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         writer = await aiosqlite.connect(self.path, isolation_level=None)
         try:
-            await writer.execute("PRAGMA journal_mode=WAL")
-            await writer.execute("PRAGMA synchronous=NORMAL")
-            await writer.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            # Read to their end: no statement of the write connection may stay
+            # active (services/stateserver/groupcommit.py says why).
+            await writer.execute_fetchall("PRAGMA journal_mode=WAL")
+            await writer.execute_fetchall("PRAGMA synchronous=NORMAL")
+            await writer.execute_fetchall(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             await self._check_schema(writer)
             await writer.executescript(SCHEMA)
             await writer.execute(f"PRAGMA user_version={SCHEMA_VERSION}")

@@ -120,6 +120,23 @@ async def test_results_upsert_overwrites(store: SnapshotStore) -> None:
     assert await read_all(store, "unknown") == []
 
 
+async def test_an_interrupt_landing_between_writes_stops_no_later_write(
+        store: SnapshotStore) -> None:
+    """The group committer interrupts the write connection while a takeover's
+    claim waits, and sends the interrupt again every few milliseconds until
+    the group gives way, so one can land when no statement runs. SQLite
+    forgets it at the next statement only if no statement of the connection
+    is still active: a row-returning PRAGMA whose cursor the store left open
+    made that one interrupt fail every later write of the state server, for
+    good (a job then never drained: "1 writes not yet durable")."""
+    await store.flush()  # the writer task has set the connection up
+    assert store._writer is not None
+    await store._writer.interrupt()
+    await store.write_results(JOB, [("a", "1")])
+    await store.write_results(JOB, [("b", "2")])
+    assert await read_all(store, JOB) == [[("a", "1"), ("b", "2")]]
+
+
 async def test_results_are_chunked_in_key_order(store: SnapshotStore) -> None:
     rows = [(f"k{i:04d}", str(i)) for i in range(25)]
     rows.append(("", "empty key"))  # the empty string is a valid key and sorts first
