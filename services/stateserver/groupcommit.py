@@ -39,7 +39,8 @@ two statements, and SQLite forgets it at the next statement only when none
 of the connection's statements is active. aiosqlite keeps the cursor of the
 last call it ran until the next call succeeds, so one such cursor made that
 interrupt fail every later write, for good. Statements that answer rows go
-through ``execute_fetchall``.
+through ``execute_fetchall``, and a write op's ``execute`` runs its
+statement to its end (:mod:`services.stateserver.threadconn`).
 """
 
 from __future__ import annotations

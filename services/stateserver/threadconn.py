@@ -81,8 +81,13 @@ class ThreadConnection:
         self._raw = raw
 
     def execute(self, sql: str, parameters: Sequence[Any] = ()) -> _Done[ThreadCursor]:
-        """Runs one statement."""
-        return _Done(ThreadCursor(self._raw.execute(sql, parameters)))
+        """Runs one statement to its end: rows it answers are read and
+        dropped, so no statement of the write connection stays active (an
+        interrupt landing between two statements would otherwise fail the
+        statements after it; services/stateserver/groupcommit.py)."""
+        cursor = self._raw.execute(sql, parameters)
+        cursor.fetchall()
+        return _Done(ThreadCursor(cursor))
 
     def executemany(self, sql: str, parameters: Iterable[Sequence[Any]]
                     ) -> _Done[ThreadCursor]:

@@ -92,6 +92,25 @@ async def test_a_group_runs_on_the_connections_thread_in_one_hop(
     assert list(rows) == [(50,)]
 
 
+async def test_a_statement_answering_rows_leaves_nothing_active_in_a_write(
+        committer: GroupCommitter) -> None:
+    """A write op's statement that answers rows is run to its end, so an
+    interrupt landing after it (the committer sends one again and again
+    while a claim waits) is forgotten at the next statement instead of
+    failing it: SQLite keeps an interrupt while any statement of the
+    connection is active."""
+    async def op(conn: aiosqlite.Connection) -> int:
+        cursor = await conn.execute("SELECT name FROM t")  # rows never read here
+        conn._raw.interrupt()  # type: ignore[attr-defined]  # lands between two statements
+        await conn.execute("INSERT INTO t VALUES ('after')")
+        return cursor.rowcount
+
+    await committer.submit(insert("before", []))
+    await committer.submit(op)
+    rows = await committer._conn.execute_fetchall("SELECT name FROM t ORDER BY name")
+    assert [r[0] for r in rows] == ["after", "before"]
+
+
 async def test_a_write_that_awaits_anything_but_the_database_fails_alone(
         committer: GroupCommitter) -> None:
     """A write op may only await its connection's statements; one that awaits
