@@ -9,7 +9,14 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 
 .PHONY: setup demo test lint unit bench clean
 
+# Every process start (a service, its restart after a kill, a CLI call) would
+# otherwise compile gridstream's modules from source again wherever bytecode
+# is not written (PYTHONDONTWRITEBYTECODE, a read-only install such as the
+# image's): a worker's imports took 0.33 to 0.50 s against 0.24 to 0.26 s, a
+# local cluster's start 1.25 to 1.30 s against 1.16 s. compileall only
+# compiles what changed since.
 setup: $(STAMP) $(GEN)
+	$(PY) -m compileall -q gridstream services spark_bridge
 
 # tests/integration/test_console.py renders the web console in a real headless
 # Chromium (the Debian package). Installed once, as root (CI); nothing to do
