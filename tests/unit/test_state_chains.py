@@ -59,11 +59,13 @@ async def window_of(c: OperatorChain, window: int, parent: int | None) -> StateW
     return StateWindow(JOB, OP, window, 1, parent, pack({"offset": window}), entries)
 
 
-async def read(store: SnapshotStore, after: int | None = None) -> StoredState | None:
-    """The store's state as a worker receives it (native entries)."""
+async def read(store: SnapshotStore, after: int | None = None,
+               chunk_entries: int = 5) -> StoredState | None:
+    """The store's state as a worker receives it (native entries), in chunks
+    of ``chunk_entries`` (small, so the tests' few keys span several)."""
     windows: list[StateWindowRead] = []
     ended = True
-    async for chunk in store.states.read(JOB, OP, after, chunk_entries=5):
+    async for chunk in store.states.read(JOB, OP, after, chunk_entries=chunk_entries):
         if ended:
             windows.append(StateWindowRead(chunk.window, chunk.parent, chunk.header))
         windows[-1].chunks.append(chunk.entries)
@@ -71,8 +73,8 @@ async def read(store: SnapshotStore, after: int | None = None) -> StoredState | 
     return StoredState(windows[-1].window, windows[-1].header, windows) if windows else None
 
 
-async def restored(store: SnapshotStore) -> dict[Any, Any]:
-    stored = await read(store)
+async def restored(store: SnapshotStore, chunk_entries: int = 5) -> dict[Any, Any]:
+    stored = await read(store, chunk_entries=chunk_entries)
     assert stored is not None
     c = chain()
     await apply_stored(c, stored)
@@ -214,6 +216,10 @@ async def test_holdings_and_cleanup_cover_the_state(store: SnapshotStore) -> Non
     assert await read(store) is None
 
 
+BIG_READ_CHUNK = 5_000
+"""Entries per chunk when reading back the crash test's 60,000 keys and three
+deltas (in chunks of 5, each of its seven reads took 3.4 s)."""
+
 _WRITER = textwrap.dedent("""
     import asyncio, os, signal, sys
     from gridstream.codec import pack
@@ -273,7 +279,7 @@ async def test_a_crash_between_deltas_and_their_compaction_restores_correctly(
     async with SnapshotStore(path, max_deltas=1) as store:
         head = await store.states.head(JOB, OP)
         assert head is not None and (head.base_window, head.head_window) == (0, 3)
-        assert await restored(store) == expected
+        assert await restored(store, BIG_READ_CHUNK) == expected
     # Killed in the middle of a fold (or just before or after it): the fold is
     # one transaction, so the state reads the same whatever the moment.
     for kill_after_s in (0.0, 0.02, 0.05, 0.1, 5.0):
@@ -282,12 +288,12 @@ async def test_a_crash_between_deltas_and_their_compaction_restores_correctly(
             store.states.auto_compact = False
             head = await store.states.head(JOB, OP)
             assert head is not None and head.head_window == 3
-            assert await restored(store) == expected, kill_after_s
+            assert await restored(store, BIG_READ_CHUNK) == expected, kill_after_s
     async with SnapshotStore(path, max_deltas=1) as store:
         await store.states.compact(JOB, OP)
         head = await store.states.head(JOB, OP)
         assert head is not None and (head.base_window, head.deltas) == (2, 1)
-        assert await restored(store) == expected
+        assert await restored(store, BIG_READ_CHUNK) == expected
 
 
 def put_window(window: int, entries: dict[str, int | None]) -> StateWindow:
