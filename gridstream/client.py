@@ -104,8 +104,11 @@ class Client(ControlCalls):
     ) -> None:
         """``producer_id`` names this client's channel; give a stable one to
         resume a stream exactly once after the client restarts (sequences then
-        continue from ``start_sequence``). ``security`` gives the CA, client
-        certificate and bearer token for a cluster that requires TLS and tokens."""
+        continue from ``start_sequence``). ``send_timeout_s`` bounds how long
+        a batch's pushes are tried (re-routes, restarts, each attempt's own
+        deadline included) before :meth:`send` raises the last error.
+        ``security`` gives the CA, client certificate and bearer token for a
+        cluster that requires TLS and tokens."""
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
         self.scheduler_address = scheduler
@@ -432,7 +435,8 @@ class Client(ControlCalls):
         """Pushes one segment to its owner until acknowledged, following
         re-routes and retrying transient failures with backoff (never a
         refusal for size, which no retry can cure). After ``send_timeout_s``
-        the last error is raised (the outcome is then unknown)."""
+        the last error is raised (the outcome is then unknown); no attempt
+        runs past it (each has at most what is left of it)."""
         backoff = Backoff(f"pushing to partition {segment.partition}", first_s=0.02,
                           max_s=1.0, deadline_s=self.send_timeout_s)
         refresh = False
@@ -456,7 +460,7 @@ class Client(ControlCalls):
                 await stub.Push(
                     worker_pb2.PushRequest(job_id=job_id, epoch=self._table.epoch,
                                            segments=[segment]),
-                    timeout=rpc.DATA_TIMEOUT_S,
+                    timeout=backoff.attempt_timeout(rpc.DATA_TIMEOUT_S),
                 )
                 return
             except grpc.aio.AioRpcError as exc:

@@ -17,6 +17,10 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
+ATTEMPT_FLOOR_S = 0.05
+"""The shortest deadline :meth:`Backoff.attempt_timeout` gives an attempt (one
+made with no time left fails at once, and the next wait gives up)."""
+
 
 class RetryExhausted(Exception):
     """The deadline of a retried operation passed; ``last`` is its last error."""
@@ -50,6 +54,15 @@ class Backoff:
         """An attempt succeeded: the next failure starts from the first delay."""
         self.delay_s = self.first_s
         self.attempts = 0
+
+    def attempt_timeout(self, cap_s: float) -> float:
+        """The deadline of the next attempt: ``cap_s``, or what is left of
+        the retries' deadline when that comes first, so an attempt never
+        outlives the time its caller was promised (at least
+        :data:`ATTEMPT_FLOOR_S`)."""
+        if self.deadline is None:
+            return cap_s
+        return max(ATTEMPT_FLOOR_S, min(cap_s, self.deadline - time.monotonic()))
 
     @property
     def expired(self) -> bool:

@@ -567,11 +567,16 @@ async def test_a_push_with_an_unknown_outcome_is_pushed_again_with_its_sequence(
                    if partition_for_key(f"k{i}", 2) == partition)
         local.kill("worker-2", signal.SIGSTOP)  # worker-1's backup stops answering
         try:
+            started = time.monotonic()
             with pytest.raises((Unavailable, ResourceExhausted, DeadlineExceeded)) as info:
                 await sdk.send(job_id, ["first batch"], keys=[key])
+            # send_timeout_s bounds the send: no push attempt outlives it (each
+            # had its own 15 s deadline before, and this send took 14.7 s).
+            assert time.monotonic() - started < 8.0
         finally:
             local.kill("worker-2", signal.SIGCONT)
         await local.wait_registered(timeout_s=60)
+        sdk.send_timeout_s = 60.0  # the rest is no test of the deadline
         await sdk.send(job_id, ["second batch"], keys=[key])
         await sdk.drain(job_id, timeout_s=120)
         assert await sdk.results(job_id) == {"first": 1, "second": 1, "batch": 2}
