@@ -21,6 +21,7 @@ import grpc
 from gridstream import rpc
 from gridstream.errors import DataLoss, DeadlineExceeded, Unavailable, from_rpc_error
 from gridstream.jobspec import JobSpec, load_job_file, validate
+from gridstream.retry import call_timeout
 from gridstream.types import ClusterStatus, JobInfo, JobProgress
 from gridstream.v1 import common_pb2, scheduler_pb2, scheduler_pb2_grpc
 
@@ -88,15 +89,16 @@ class ControlCalls:
         """Per-task counters and whether the job has drained."""
         return JobProgress.from_proto(await self.progress_message(job_id))
 
-    async def progress_message(self, job_id: str, flush: bool = False
+    async def progress_message(self, job_id: str, flush: bool = False,
+                               timeout_s: float = rpc.CONTROL_TIMEOUT_S * 2
                                ) -> scheduler_pb2.JobProgress:
         """:meth:`progress` as the protocol's message, for tools that share
         code with the scheduler. ``flush`` (what :meth:`drain` asks): tasks
-        close their pending windows now rather than after a timer."""
+        close their pending windows now rather than after a timer.
+        ``timeout_s``: the call's deadline."""
         progress: scheduler_pb2.JobProgress = await self._call(
             f"progress of {job_id}", self._scheduler.GetJobProgress,
-            scheduler_pb2.GetJobProgressRequest(job_id=job_id, flush=flush),
-            rpc.CONTROL_TIMEOUT_S * 2,
+            scheduler_pb2.GetJobProgressRequest(job_id=job_id, flush=flush), timeout_s,
         )
         return progress
 
@@ -128,8 +130,11 @@ class ControlCalls:
         deadline = started + timeout_s
         previous: tuple[int, ...] | None = None
         while True:
+            # No call outlives the drain's own deadline (a scheduler that
+            # stopped answering would otherwise hold it one call longer).
             try:
-                progress = JobProgress.from_proto(await self.progress_message(job_id, True))
+                progress = JobProgress.from_proto(await self.progress_message(
+                    job_id, True, call_timeout(deadline, rpc.CONTROL_TIMEOUT_S * 2)))
             except (Unavailable, DeadlineExceeded) as exc:
                 if time.monotonic() > deadline:
                     raise DeadlineExceeded(

@@ -22,6 +22,16 @@ ATTEMPT_FLOOR_S = 0.05
 made with no time left fails at once, and the next wait gives up)."""
 
 
+def call_timeout(deadline: float | None, cap_s: float) -> float:
+    """The deadline to give one call made before ``deadline`` (a
+    ``time.monotonic()`` moment; None: none): ``cap_s``, or what is left
+    until ``deadline`` when that comes first, and at least
+    :data:`ATTEMPT_FLOOR_S`."""
+    if deadline is None:
+        return cap_s
+    return max(ATTEMPT_FLOOR_S, min(cap_s, deadline - time.monotonic()))
+
+
 class RetryExhausted(Exception):
     """The deadline of a retried operation passed; ``last`` is its last error."""
 
@@ -56,13 +66,10 @@ class Backoff:
         self.attempts = 0
 
     def attempt_timeout(self, cap_s: float) -> float:
-        """The deadline of the next attempt: ``cap_s``, or what is left of
-        the retries' deadline when that comes first, so an attempt never
-        outlives the time its caller was promised (at least
-        :data:`ATTEMPT_FLOOR_S`)."""
-        if self.deadline is None:
-            return cap_s
-        return max(ATTEMPT_FLOOR_S, min(cap_s, self.deadline - time.monotonic()))
+        """The deadline of the next attempt (:func:`call_timeout` of the
+        retries' deadline), so an attempt never outlives the time its caller
+        was promised."""
+        return call_timeout(self.deadline, cap_s)
 
     @property
     def expired(self) -> bool:

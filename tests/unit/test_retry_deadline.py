@@ -1,5 +1,6 @@
 """A retried operation's attempts never outlive the deadline its retries were
-given: :meth:`gridstream.retry.Backoff.attempt_timeout`.
+given: :meth:`gridstream.retry.Backoff.attempt_timeout` and
+:func:`gridstream.retry.call_timeout` (a drain's calls).
 
 Before, ``Client.send`` gave each push its own 15 s deadline whatever was left
 of ``send_timeout_s``: a send with ``send_timeout_s=1.0`` to a partition whose
@@ -42,3 +43,10 @@ async def test_the_wait_after_a_late_attempt_raises(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(retry.time, "monotonic", lambda: later)
     with pytest.raises(retry.RetryExhausted, match="pushing"):
         await backoff.wait(RuntimeError("refused"))
+
+
+def test_a_call_before_a_deadline_gets_what_is_left_or_its_cap() -> None:
+    assert retry.call_timeout(None, 10.0) == 10.0
+    assert 2.5 < retry.call_timeout(time.monotonic() + 3.0, 10.0) <= 3.0
+    assert retry.call_timeout(time.monotonic() + 30.0, 10.0) == 10.0
+    assert retry.call_timeout(time.monotonic() - 1.0, 10.0) == retry.ATTEMPT_FLOOR_S
