@@ -89,16 +89,15 @@ class ControlCalls:
         """Per-task counters and whether the job has drained."""
         return JobProgress.from_proto(await self.progress_message(job_id))
 
-    async def progress_message(self, job_id: str, flush: bool = False,
-                               timeout_s: float = rpc.CONTROL_TIMEOUT_S * 2
+    async def progress_message(self, job_id: str, flush: bool = False
                                ) -> scheduler_pb2.JobProgress:
         """:meth:`progress` as the protocol's message, for tools that share
         code with the scheduler. ``flush`` (what :meth:`drain` asks): tasks
-        close their pending windows now rather than after a timer.
-        ``timeout_s``: the call's deadline."""
+        close their pending windows now rather than after a timer."""
         progress: scheduler_pb2.JobProgress = await self._call(
             f"progress of {job_id}", self._scheduler.GetJobProgress,
-            scheduler_pb2.GetJobProgressRequest(job_id=job_id, flush=flush), timeout_s,
+            scheduler_pb2.GetJobProgressRequest(job_id=job_id, flush=flush),
+            rpc.CONTROL_TIMEOUT_S * 2,
         )
         return progress
 
@@ -130,16 +129,16 @@ class ControlCalls:
         deadline = started + timeout_s
         previous: tuple[int, ...] | None = None
         while True:
-            # No call outlives the drain's own deadline (a scheduler that
-            # stopped answering would otherwise hold it one call longer).
+            # No call outlives the drain's own deadline (a scheduler slow to
+            # answer would otherwise hold it for the call's own 10 s).
             try:
-                progress = JobProgress.from_proto(await self.progress_message(
-                    job_id, True, call_timeout(deadline, rpc.CONTROL_TIMEOUT_S * 2)))
-            except (Unavailable, DeadlineExceeded) as exc:
+                async with asyncio.timeout(call_timeout(deadline, rpc.CONTROL_TIMEOUT_S * 2)):
+                    progress = JobProgress.from_proto(await self.progress_message(job_id, True))
+            except (Unavailable, DeadlineExceeded, TimeoutError) as exc:
                 if time.monotonic() > deadline:
                     raise DeadlineExceeded(
                         f"job {job_id} did not drain within {timeout_s:.0f}s; the scheduler "
-                        f"could not be asked: {exc}") from None
+                        f"could not be asked: {exc or 'no answer in time'}") from None
                 previous = None
                 await asyncio.sleep(max(poll_s, 0.25))
                 continue
