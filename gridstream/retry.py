@@ -18,8 +18,8 @@ from typing import TypeVar
 T = TypeVar("T")
 
 ATTEMPT_FLOOR_S = 0.05
-"""The shortest deadline :meth:`Backoff.attempt_timeout` gives an attempt (one
-made with no time left fails at once, and the next wait gives up)."""
+"""The shortest deadline :func:`call_timeout` gives a call (one made with no
+time left fails at once, and the caller's next deadline check gives up)."""
 
 
 def call_timeout(deadline: float | None, cap_s: float) -> float:
