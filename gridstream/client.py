@@ -43,6 +43,7 @@ from gridstream.errors import (
     Unavailable,
     from_rpc_error,
 )
+from gridstream.pbcopy import copied, copy_into
 from gridstream.replicas import ReplicaClient
 from gridstream.retry import Backoff, RetryExhausted
 from gridstream.routing import RoutingView
@@ -353,8 +354,8 @@ class Client(ControlCalls):
                 "may carry; it can never be sent" + (
                     "" if len(values) == 1 else "; use a smaller batch_size"))
         encoded.ingest_unix_s = time.time()  # for the sink's latency histogram
-        return worker_pb2.Segment(task=0, partition=partition, channel=channel,
-                                  sequence=sequence, batch=encoded)
+        return copied(worker_pb2.Segment(task=0, partition=partition, channel=channel,
+                                         sequence=sequence), batch=encoded)
 
     async def _send_sequenced(
         self, job_id: str, partition: int, feed: BatchFeed,
@@ -456,12 +457,10 @@ class Client(ControlCalls):
                 await self._wait_or_raise(backoff, unavailable)
                 continue
             stub = self._channels.stub(address, worker_pb2_grpc.WorkerStub)
+            request = worker_pb2.PushRequest(job_id=job_id, epoch=self._table.epoch)
+            copy_into(request.segments, [segment])
             try:
-                await stub.Push(
-                    worker_pb2.PushRequest(job_id=job_id, epoch=self._table.epoch,
-                                           segments=[segment]),
-                    timeout=backoff.attempt_timeout(rpc.DATA_TIMEOUT_S),
-                )
+                await stub.Push(request, timeout=backoff.attempt_timeout(rpc.DATA_TIMEOUT_S))
                 return
             except grpc.aio.AioRpcError as exc:
                 error = from_rpc_error(exc, f"sending to {owner}")

@@ -29,6 +29,7 @@ from gridstream.errors import (
     from_rpc_error,
 )
 from gridstream.ids import checksum, stable_hash64
+from gridstream.pbcopy import copy_into
 from gridstream.peercalls import CoalescedCalls, Waiting, many_outcomes
 from gridstream.placement import Holdings, ReplicaSet, replicas_ahead
 from gridstream.routing import RoutingView
@@ -223,9 +224,10 @@ class ReplicaClient:
 
         async def reply() -> Sequence[stateserver_pb2.PutStateOutcome]:
             try:
+                request = stateserver_pb2.PutStateManyRequest()
+                copy_into(request.windows, (w.request for w in batch))
                 response: stateserver_pb2.PutStateManyResponse = await stub.PutStateMany(
-                    stateserver_pb2.PutStateManyRequest(windows=[w.request for w in batch]),
-                    timeout=timeout)
+                    request, timeout=timeout)
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     raise _NotServed from None
@@ -324,9 +326,10 @@ class ReplicaClient:
         stub = self._stub(address)
 
         async def reply() -> Sequence[stateserver_pb2.WriteResultsOutcome]:
+            request = stateserver_pb2.WriteResultsManyRequest()
+            copy_into(request.writes, (w.request for w in batch))
             response: stateserver_pb2.WriteResultsManyResponse = await stub.WriteResultsMany(
-                stateserver_pb2.WriteResultsManyRequest(writes=[w.request for w in batch]),
-                timeout=rpc.DATA_TIMEOUT_S)
+                request, timeout=rpc.DATA_TIMEOUT_S)
             return response.outcomes
 
         return await many_outcomes(batch, reply(), lambda outcome: None)

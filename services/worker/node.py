@@ -29,6 +29,7 @@ from gridstream.errors import (
 )
 from gridstream.jobspec import JobSpec, Stage, check_imports, plan_tasks
 from gridstream.metrics import Metric
+from gridstream.pbcopy import copy_into
 from gridstream.retry import Backoff, RetryExhausted
 from gridstream.routing import RoutingView
 from gridstream.v1 import common_pb2, scheduler_pb2, worker_pb2, worker_pb2_grpc
@@ -459,11 +460,12 @@ class WorkerNode:
             base, sequences, primary = backup.base, dict(backup.sequences), False
         chunks = []
         for start in range(0, max(len(entries), 1), CHUNK_ENTRIES):
-            chunks.append(worker_pb2.ContainerChunk(
+            chunk = worker_pb2.ContainerChunk(
                 found=True, base_offset=base, next_offset=end,
-                sequences=sequences if start == 0 else {},
-                entries=entries[start:start + CHUNK_ENTRIES], primary=primary,
-            ))
+                sequences=sequences if start == 0 else {}, primary=primary,
+            )
+            copy_into(chunk.entries, entries[start:start + CHUNK_ENTRIES])
+            chunks.append(chunk)
         return chunks
 
     async def fetch_container(

@@ -18,6 +18,7 @@ import grpc
 
 from gridstream import codec, rpc
 from gridstream.errors import GridstreamError, StaleEpoch, from_rpc_error
+from gridstream.pbcopy import copied, copy_into
 from gridstream.replicas import ReplicaClient
 from gridstream.retry import Backoff
 from gridstream.routing import RoutingView
@@ -65,15 +66,14 @@ class OutSegment:
         """The wire form, built once, when the segment is first sent (its
         root is set by then)."""
         if self._proto is None:
-            self._proto = worker_pb2.Segment(
+            self._proto = copied(worker_pb2.Segment(
                 task=self.task,
                 partition=self.partition,
                 channel=self.channel,
                 sequence=self.sequence,
-                batch=self.encode(),
                 root=self.root,
                 previous_sequence=self.previous_sequence,
-            )
+            ), batch=self.encode())
         return self._proto
 
 
@@ -180,16 +180,11 @@ class PeerRouter:
             await self.routing.refresh()
             return segments
         stub = self.channels.stub(address, worker_pb2_grpc.WorkerStub)
+        request = worker_pb2.PushRequest(job_id=job_id, epoch=self.routing.epoch,
+                                         sender=self.node_id)
+        copy_into(request.segments, (segment.to_proto() for segment in segments))
         try:
-            await stub.Push(
-                worker_pb2.PushRequest(
-                    job_id=job_id,
-                    epoch=self.routing.epoch,
-                    sender=self.node_id,
-                    segments=[segment.to_proto() for segment in segments],
-                ),
-                timeout=self.push_timeout_s,
-            )
+            await stub.Push(request, timeout=self.push_timeout_s)
             return []
         except grpc.aio.AioRpcError as exc:
             error = from_rpc_error(exc, f"push to {owner}")

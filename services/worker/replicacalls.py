@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from gridstream import rpc
 from gridstream.callstreams import CallStreams, many_on_stream
+from gridstream.pbcopy import copy_into
 from gridstream.peercalls import CoalescedCalls, Waiting
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
 
@@ -68,6 +69,7 @@ class ReplicationCalls:
     async def _send_many(self, address: str,
                          batch: list[Waiting[worker_pb2.ReplicateRequest, int]]
                          ) -> list[int | Exception]:
-        request = worker_pb2.ReplicateManyRequest(requests=[w.request for w in batch])
+        request = worker_pb2.ReplicateManyRequest()
+        copy_into(request.requests, (w.request for w in batch))
         return await many_on_stream(self.streams, address, request, self._timeout_s,
                                     batch, lambda outcome: int(outcome.next_offset))

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from gridstream.errors import GridstreamError, StaleEpoch
 from gridstream.faults import FAULTS
+from gridstream.pbcopy import copied, copy_into
 from gridstream.retry import Backoff
 from gridstream.routing import RoutingView
 from gridstream.v1 import worker_pb2
@@ -52,9 +53,10 @@ takes) is logged at WARNING; shorter failures at INFO."""
 
 def to_log_entry(entry: Entry) -> worker_pb2.LogEntry:
     """The wire form of a container entry."""
-    return worker_pb2.LogEntry(offset=entry.offset, channel=entry.channel,
-                               sequence=entry.sequence, batch=entry.wire(), root=entry.root,
-                               previous_sequence=entry.previous_sequence)
+    return copied(worker_pb2.LogEntry(offset=entry.offset, channel=entry.channel,
+                                      sequence=entry.sequence, root=entry.root,
+                                      previous_sequence=entry.previous_sequence),
+                  batch=entry.wire())
 
 
 @dataclass
@@ -354,9 +356,9 @@ class Replicator:
                 primary=self.node_id, reset=reset and first,
                 base_offset=self.container.base_offset,
                 sequences=sequences if reset and first else {},
-                entries=[to_log_entry(e) for e in chunk],
                 trim_below=self.trim_offset(),
             )
+            copy_into(request.entries, (to_log_entry(e) for e in chunk))
             try:
                 held_to = await self.calls.replicate(address, request,
                                                      f"replicating to {holder}")
