@@ -8,6 +8,7 @@ free port (written to the ready file and logged), -1 turns it off.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import selectors
@@ -101,7 +102,8 @@ class MetricsServer:
         server, thread, self._server, self._thread = self._server, self._thread, None, None
         wake_w, self._wake_w = self._wake_w, -1
         if wake_w >= 0:
-            os.write(wake_w, b"x")
+            with contextlib.suppress(OSError):  # the thread ended already: nobody to wake
+                os.write(wake_w, b"x")
         if thread is not None:
             thread.join()
         if wake_w >= 0:
@@ -113,7 +115,9 @@ class MetricsServer:
 def _serve_until_woken(server: ThreadingWSGIServer, wake_r: int) -> None:
     """The endpoint thread's body: handles each connection as it comes
     (``ThreadingWSGIServer`` answers it on a thread of its own) until
-    ``wake_r`` becomes readable; then closes ``wake_r``."""
+    ``wake_r`` becomes readable; then closes ``wake_r``. An error of the
+    selector itself ends the endpoint, logged at ERROR (the service goes
+    on; one scrape's error is ``handle_request``'s to report)."""
     try:
         with selectors.DefaultSelector() as selector:
             selector.register(server, selectors.EVENT_READ)
@@ -123,6 +127,8 @@ def _serve_until_woken(server: ThreadingWSGIServer, wake_r: int) -> None:
                 if any(key.fileobj == wake_r for key, _ in ready):
                     return
                 server.handle_request()
+    except Exception:
+        log.exception("the metrics endpoint stopped serving")
     finally:
         os.close(wake_r)
 

@@ -9,6 +9,7 @@ which its own work was 0.12 s; every test cluster paid it once per member).
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -92,3 +93,16 @@ def test_the_endpoint_thread_sleeps_between_scrapes() -> None:
     finally:
         server.stop()
     assert not thread.is_alive()
+
+
+def test_a_stop_after_the_endpoint_thread_ended_is_harmless() -> None:
+    """Its thread can end before the stop (an error of its selector, logged):
+    the stop's wake-up then finds the pipe's reading end closed, and must
+    not raise (it raised BrokenPipeError)."""
+    server = MetricsServer()
+    server.start("127.0.0.1", 0, families)
+    thread = next(t for t in threading.enumerate() if t.name == "metrics endpoint")
+    os.write(server._wake_w, b"x")  # ends the thread as its own failure would
+    thread.join(5)
+    assert not thread.is_alive()
+    server.stop()
