@@ -441,6 +441,8 @@ class Client(ControlCalls):
         backoff = Backoff(f"pushing to partition {segment.partition}", first_s=0.02,
                           max_s=1.0, deadline_s=self.send_timeout_s)
         refresh = False
+        request = worker_pb2.PushRequest(job_id=job_id)  # its epoch is set per attempt
+        copy_into(request.segments, [segment])
         while True:
             try:
                 routing = await self._routing(job_id, refresh)
@@ -457,8 +459,7 @@ class Client(ControlCalls):
                 await self._wait_or_raise(backoff, unavailable)
                 continue
             stub = self._channels.stub(address, worker_pb2_grpc.WorkerStub)
-            request = worker_pb2.PushRequest(job_id=job_id, epoch=self._table.epoch)
-            copy_into(request.segments, [segment])
+            request.epoch = self._table.epoch
             try:
                 await stub.Push(request, timeout=backoff.attempt_timeout(rpc.DATA_TIMEOUT_S))
                 return

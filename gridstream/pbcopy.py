@@ -10,7 +10,10 @@ below 100 KB both take a few µs). A client batch went through two such merges
 on its way into a push, and every batch a worker holds through three on its way
 to a backup (``LogEntry``, ``ReplicateRequest``, ``ReplicateManyRequest``), so
 the data path builds messages with the two helpers here instead; the result
-is the same message.
+is the same message. Where a message is only ever built inside one parent, it
+is written into the parent's field in place instead (a worker's pushed
+segments, ``OutSegment.fill``; a replication's entries,
+``replication.fill_log_entry``), which copies the batch once.
 """
 
 from __future__ import annotations

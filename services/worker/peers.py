@@ -18,7 +18,6 @@ import grpc
 
 from gridstream import codec, rpc
 from gridstream.errors import GridstreamError, StaleEpoch, from_rpc_error
-from gridstream.pbcopy import copied, copy_into
 from gridstream.replicas import ReplicaClient
 from gridstream.retry import Backoff
 from gridstream.routing import RoutingView
@@ -47,7 +46,6 @@ class OutSegment:
     """The sequence sent on this channel to this partition before, so the
     receiver can tell a gap (lost acknowledged batches) from a first batch."""
     _batch: common_pb2.RecordBatch | None = None
-    _proto: worker_pb2.Segment | None = None
 
     def encode(self) -> common_pb2.RecordBatch:
         """The records' wire form, encoded once (raises PayloadError for a
@@ -62,19 +60,18 @@ class OutSegment:
         to the container, so replicating it does not encode it again)."""
         return self._batch
 
-    def to_proto(self) -> worker_pb2.Segment:
-        """The wire form, built once, when the segment is first sent (its
-        root is set by then)."""
-        if self._proto is None:
-            self._proto = copied(worker_pb2.Segment(
-                task=self.task,
-                partition=self.partition,
-                channel=self.channel,
-                sequence=self.sequence,
-                root=self.root,
-                previous_sequence=self.previous_sequence,
-            ), batch=self.encode())
-        return self._proto
+    def fill(self, target: worker_pb2.Segment) -> None:
+        """Writes the wire form into ``target``, a push's segment added in
+        place (its root is set by then): the encoded batch is copied once,
+        into the push, not into a segment of its own and then again
+        (``gridstream.pbcopy`` says why by copy)."""
+        target.task = self.task
+        target.partition = self.partition
+        target.channel = self.channel
+        target.sequence = self.sequence
+        target.root = self.root
+        target.previous_sequence = self.previous_sequence
+        target.batch.CopyFrom(self.encode())
 
 
 Commit = Callable[[], Awaitable[bool]]
@@ -182,7 +179,8 @@ class PeerRouter:
         stub = self.channels.stub(address, worker_pb2_grpc.WorkerStub)
         request = worker_pb2.PushRequest(job_id=job_id, epoch=self.routing.epoch,
                                          sender=self.node_id)
-        copy_into(request.segments, (segment.to_proto() for segment in segments))
+        for segment in segments:
+            segment.fill(request.segments.add())
         try:
             await stub.Push(request, timeout=self.push_timeout_s)
             return []

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 
 from gridstream.errors import GridstreamError, StaleEpoch
 from gridstream.faults import FAULTS
-from gridstream.pbcopy import copied, copy_into
 from gridstream.retry import Backoff
 from gridstream.routing import RoutingView
 from gridstream.v1 import worker_pb2
@@ -51,12 +50,22 @@ REPLICATION_WARN_AFTER_S = 5.0
 takes) is logged at WARNING; shorter failures at INFO."""
 
 
+def fill_log_entry(target: worker_pb2.LogEntry, entry: Entry) -> worker_pb2.LogEntry:
+    """Writes a container entry's wire form into ``target`` (a replication's
+    entry added in place, so the batch is copied once: ``gridstream.pbcopy``
+    says why by copy); returns it."""
+    target.offset = entry.offset
+    target.channel = entry.channel
+    target.sequence = entry.sequence
+    target.root = entry.root
+    target.previous_sequence = entry.previous_sequence
+    target.batch.CopyFrom(entry.wire())
+    return target
+
+
 def to_log_entry(entry: Entry) -> worker_pb2.LogEntry:
-    """The wire form of a container entry."""
-    return copied(worker_pb2.LogEntry(offset=entry.offset, channel=entry.channel,
-                                      sequence=entry.sequence, root=entry.root,
-                                      previous_sequence=entry.previous_sequence),
-                  batch=entry.wire())
+    """The wire form of a container entry, as a message of its own."""
+    return fill_log_entry(worker_pb2.LogEntry(), entry)
 
 
 @dataclass
@@ -358,7 +367,8 @@ class Replicator:
                 sequences=sequences if reset and first else {},
                 trim_below=self.trim_offset(),
             )
-            copy_into(request.entries, (to_log_entry(e) for e in chunk))
+            for e in chunk:
+                fill_log_entry(request.entries.add(), e)
             try:
                 held_to = await self.calls.replicate(address, request,
                                                      f"replicating to {holder}")
