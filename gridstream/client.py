@@ -342,17 +342,17 @@ class Client(ControlCalls):
                  can_split: bool) -> worker_pb2.Segment | None:
         """The wire form of a batch; None when it is too large for any push and
         can be split; an error naming the limit when a single record is."""
-        keys, values, encoded = batch
+        encoded = batch.encoded
         if encoded is None:
-            encoded = codec.encode_batch(values, keys)
+            encoded = codec.encode_batch(batch.values, batch.keys)
         if encoded.ByteSize() > _MAX_SEGMENT_BYTES:
-            if can_split and len(values) > 1:
+            if can_split and batch.count > 1:
                 return None
             raise ResourceExhausted(
-                f"a batch of {len(values)} record(s) to partition {partition} encodes to "
+                f"a batch of {batch.count} record(s) to partition {partition} encodes to "
                 f"{encoded.ByteSize()} bytes, above the {_MAX_SEGMENT_BYTES} bytes any push "
                 "may carry; it can never be sent" + (
-                    "" if len(values) == 1 else "; use a smaller batch_size"))
+                    "" if batch.count == 1 else "; use a smaller batch_size"))
         encoded.ingest_unix_s = time.time()  # for the sink's latency histogram
         return copied(worker_pb2.Segment(task=0, partition=partition, channel=channel,
                                          sequence=sequence), batch=encoded)
@@ -371,13 +371,13 @@ class Client(ControlCalls):
             except GridstreamError as exc:
                 if _too_large(exc):
                     raise self._never_fits(exc, batch, partition, "; use a smaller batch_size"
-                                           if len(batch[1]) > 1 else "") from None
+                                           if batch.count > 1 else "") from None
                 raise
 
     @staticmethod
     def _never_fits(error: GridstreamError, batch: Batch, partition: int,
                     advice: str) -> ResourceExhausted:
-        return ResourceExhausted(f"a batch of {len(batch[1])} record(s) to partition "
+        return ResourceExhausted(f"a batch of {batch.count} record(s) to partition "
                                  f"{partition} can never be sent: {error}{advice}")
 
     async def _send_partition(self, job_id: str, partition: int, feed: BatchFeed) -> None:
@@ -417,7 +417,7 @@ class Client(ControlCalls):
                 try:
                     await self._push(job_id, segment)
                 except GridstreamError as exc:
-                    if _too_large(exc) and len(batch[1]) > 1:
+                    if _too_large(exc) and batch.count > 1:
                         queue.extendleft(reversed(halves(batch)))  # nothing was appended
                         continue
                     if _too_large(exc):

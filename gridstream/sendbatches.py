@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from gridstream import codec
 from gridstream.ids import partition_for_key
@@ -41,14 +41,55 @@ afterwards reads every Nth record of the send (1,000,000 taxi records in 12
 partitions: 0.32 s against 0.04 s for the same records in send order)."""
 
 
-class Batch(NamedTuple):
-    """Records for one push to one partition."""
+class Batch:
+    """Records for one push to one partition.
 
-    keys: list[Any] | None
-    values: list[Any]
-    encoded: common_pb2.RecordBatch | None = None
-    """Its wire form, when packed while its records were grouped
-    (:func:`packed_steps`); None: packed when pushed."""
+    A keyed send's batch is packed while its records are grouped
+    (:func:`packed_steps`) and is pushed in that wire form; its keys and
+    values as lists are needed only when a push refuses it as too large and
+    it is cut in two (:func:`halves`). They are kept as the runs the grouping
+    made and joined into lists on first use: joining every batch's runs
+    took packing 1,000,000 taxi records from 0.29 to 0.37 s (best of five)."""
+
+    __slots__ = ("_keys", "_runs", "_values", "count", "encoded")
+
+    def __init__(self, keys: list[Any] | None, values: list[Any],
+                 encoded: common_pb2.RecordBatch | None = None) -> None:
+        self.count = len(values)
+        self.encoded = encoded
+        """Its wire form, when packed while its records were grouped
+        (:func:`packed_steps`); None: packed when pushed."""
+        self._keys = keys
+        self._values: list[Any] | None = values
+        self._runs: list[tuple[list[Any], list[Any]]] | None = None
+
+    @classmethod
+    def of_runs(cls, runs: list[tuple[list[Any], list[Any]]], count: int,
+                encoded: common_pb2.RecordBatch) -> Batch:
+        """A packed batch of consecutive keyed runs ``(keys, values)``,
+        ``count`` records in all; the runs are joined only if asked for."""
+        batch = cls(None, [], encoded)
+        batch.count, batch._values, batch._runs = count, None, runs
+        return batch
+
+    def _join(self) -> None:
+        if self._runs is not None:
+            runs, self._runs = self._runs, None
+            self._keys = list(itertools.chain.from_iterable(r[0] for r in runs))
+            self._values = list(itertools.chain.from_iterable(r[1] for r in runs))
+
+    @property
+    def keys(self) -> list[Any] | None:
+        """The records' keys (None: an unkeyed batch)."""
+        self._join()
+        return self._keys
+
+    @property
+    def values(self) -> list[Any]:
+        """The records."""
+        self._join()
+        assert self._values is not None
+        return self._values
 
 
 Step = list[tuple[int, Batch]]
@@ -83,10 +124,10 @@ def packed_steps(keys: Sequence[Any], values: list[Any], partitions: int,
 
     def close(p: int) -> Batch:
         parts = runs.pop(p)
-        return Batch(list(itertools.chain.from_iterable(r[0] for r in parts)),
-                     list(itertools.chain.from_iterable(r[1] for r in parts)),
-                     codec.batch_of_runs(counts.pop(p), [r[2] for r in parts],
-                                         [r[3] for r in parts]))
+        count = counts.pop(p)
+        return Batch.of_runs([(r[0], r[1]) for r in parts], count,
+                             codec.batch_of_runs(count, [r[2] for r in parts],
+                                                 [r[3] for r in parts]))
 
     step = min(PACK_CHUNK, batch_size)  # a run always fits in an empty batch
     for start in range(0, len(values), step):
@@ -137,7 +178,7 @@ def unkeyed_batch_size(batch_size: int, count: int, partitions: int) -> int:
 
 def halves(batch: Batch) -> list[Batch]:
     """A batch cut in two, keys with their values (each packed when pushed)."""
-    keys, values, _ = batch
+    keys, values = batch.keys, batch.values
     middle = len(values) // 2
     return [Batch(None if keys is None else keys[:middle], values[:middle]),
             Batch(None if keys is None else keys[middle:], values[middle:])]

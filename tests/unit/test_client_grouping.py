@@ -16,6 +16,7 @@ from gridstream.sendbatches import (
     PACK_CHUNK,
     Batch,
     group_by_partition,
+    halves,
     packed_steps,
     packs_surely,
 )
@@ -56,13 +57,32 @@ def test_packed_batches_are_the_grouped_records_cut_and_packed_in_order() -> Non
         steps = list(packed_steps(keys, values, partitions, batch_size))
         batches = _per_partition(steps)
         for p, (bk, bv) in group_by_partition(keys, values, partitions).items():
-            assert all(0 < len(b.values) <= batch_size for b in batches[p])
+            assert all(0 < b.count == len(b.values) <= batch_size for b in batches[p])
             assert [k for b in batches[p] for k in b.keys or []] == bk
             assert [v for b in batches[p] for v in b.values] == bv
             for batch in batches[p]:  # the wire form is what the batch holds
                 assert batch.encoded is not None
                 assert batch.encoded.payload == encode_batch(batch.values, batch.keys).payload
                 assert decode_batch(batch.encoded) == (batch.keys, batch.values)
+
+
+def test_a_packed_batch_cut_in_two_keeps_its_records_in_order() -> None:
+    """A packed batch holds its records as the runs grouping made; cut in two
+    (a push refused it as too large) its halves hold them joined, in order,
+    keys with their values, and are packed again when pushed."""
+    keys = [f"dev{i % 7}" for i in range(3 * PACK_CHUNK)]
+    values = [f"record {i}" for i in range(len(keys))]
+    steps = list(packed_steps(keys, values, 2, 3 * PACK_CHUNK))
+    for p, batch in steps[-1]:  # one batch a partition, joined from three runs
+        expected_keys, expected_values = group_by_partition(keys, values, 2)[p]
+        assert batch.count == len(expected_values)
+        first, second = halves(batch)
+        assert first.encoded is None and second.encoded is None
+        assert first.keys is not None and second.keys is not None
+        assert first.keys + second.keys == expected_keys
+        assert first.values + second.values == expected_values
+        assert first.count + second.count == batch.count
+        assert abs(first.count - second.count) <= 1
 
 
 def test_full_batches_are_handed_over_at_the_step_that_filled_them() -> None:
