@@ -35,6 +35,22 @@ from dataclasses import dataclass, field
 
 from gridstream.ids import UNTRACKED_ROOT
 
+REGISTRATION_LINGER_S = 1.0
+"""How long a source task's registrations may wait for a report to carry them.
+
+A registration (a root's id XORed in at its tracker) only has to be in
+before the root's tree can complete, and the tree cannot complete before the
+source task reports its own contribution, which it does once the window that
+processed the root's batch is durable (windows close every
+``cluster.tracking_flush_s`` while contributions wait). Registrations
+therefore go with that report instead of one message per accepted batch: a
+client sending every 50 ms made about 20 registration messages a second per
+source partition, most of a tracker host's ``TrackStream`` traffic. This
+bound covers a task whose windows do not become durable (state servers
+unreachable): its registrations still reach their trackers. How late they go
+changes nothing else: a recovered task counts every registration as sent and
+a rebuild settles the tracker (:meth:`TaskTracking.restore`)."""
+
 
 @dataclass
 class TrackingFigures:
@@ -61,6 +77,9 @@ class TaskTracking:
     unregistered: list[int] = field(default_factory=list)
     """Source only: roots accepted here whose tracker has not yet been sent
     their registration (the root id XORed in, Storm's spout-side init)."""
+    unregistered_since: float | None = None
+    """Source only: monotonic() when the oldest of ``unregistered`` was
+    accepted (or was left over by the last report); None when it is empty."""
     registered: set[int] = field(default_factory=set)
     """Source only: pending roots whose registration reached their tracker."""
     contributed: dict[int, set[int]] = field(default_factory=dict)
@@ -83,6 +102,8 @@ class TaskTracking:
         self.root_at[offset] = root
         offsets = self.pending.setdefault(root, set())
         if self.is_source and not offsets and root not in self.registered:
+            if not self.unregistered:
+                self.unregistered_since = time.monotonic()
             self.unregistered.append(root)
             self.since[root] = time.monotonic()
         offsets.add(offset)
@@ -96,6 +117,18 @@ class TaskTracking:
         done = set(roots)
         self.registered |= done & self.pending.keys()
         self.unregistered = [r for r in self.unregistered if r not in done]
+        self.unregistered_since = time.monotonic() if self.unregistered else None
+
+    def registrations_due_at(self, linger_s: float) -> float | None:
+        """monotonic() by which the pending registrations go even with no
+        report to carry them: ``linger_s`` after the oldest was accepted;
+        None when none is pending (roots that finished or were abandoned
+        unregistered are dropped from the list here)."""
+        if self.unregistered and not any(r in self.pending for r in self.unregistered):
+            self.unregistered, self.unregistered_since = [], None
+        if self.unregistered_since is None or not self.unregistered:
+            return None
+        return self.unregistered_since + linger_s
 
     def processed(self, offset: int, batch_id: int, emitted: list[int]) -> None:
         """The batch at ``offset`` was processed and emitted ``emitted``."""
@@ -225,6 +258,6 @@ class TaskTracking:
             # Registrations may or may not have been sent: all count as sent,
             # and a rebuild (which counts them) settles their trackers.
             self.registered = set(self.pending)
-            self.unregistered = []
+            self.unregistered, self.unregistered_since = [], None
             now = time.monotonic()
             self.since = dict.fromkeys(self.pending, now)
