@@ -102,10 +102,11 @@ class TaskTracking:
         self.root_at[offset] = root
         offsets = self.pending.setdefault(root, set())
         if self.is_source and not offsets and root not in self.registered:
+            now = time.monotonic()
             if not self.unregistered:
-                self.unregistered_since = time.monotonic()
+                self.unregistered_since = now
             self.unregistered.append(root)
-            self.since[root] = time.monotonic()
+            self.since[root] = now
         offsets.add(offset)
 
     def registrations(self) -> list[int]:
