@@ -67,7 +67,7 @@ from services.worker.snapshots import (
 from services.worker.standby import Standby, StandbyShipper
 from services.worker.taskprogress import task_progress
 from services.worker.ticks import ticker_of
-from services.worker.tracking import REGISTRATION_LINGER_S, TaskTracking
+from services.worker.tracking import ReportWake, TaskTracking
 from services.worker.watermarks import batch_time, batch_watermark, event_inputs
 
 if TYPE_CHECKING:
@@ -186,11 +186,7 @@ class TaskRunner:
         self.tracking_flush_s = tracking_flush_s
         self.tracking_lock = asyncio.Lock()
         """Held to report and to answer a tracker's collect: orders the two."""
-        self._report_wake = asyncio.Event()
-        self._report_now = False
-        """Set with ``_report_wake`` when the task has more than registrations
-        to send (:meth:`_wake_reporter`); a first registration wakes the
-        loop only to start its linger."""
+        self._report_wake = ReportWake()
         self._close_requested = False
         self._close_when_idle = False  # a drain asked while the task was busy
         self._last_close = time.monotonic()
@@ -272,12 +268,8 @@ class TaskRunner:
             # so the history checker can be shown to catch the loss it causes.
             await self.container.commit_through(offset + 1)
         if accepted and self.tracking is not None:
-            # Its registration waits for the task's next report, at most
-            # REGISTRATION_LINGER_S: the first one waiting starts that clock.
-            waiting = bool(self.tracking.unregistered)
-            self.tracking.retain(offset, root)
-            if not waiting and self.tracking.unregistered:
-                self._report_wake.set()
+            if self.tracking.retain(offset, root):  # its registration waits for a report
+                self._report_wake.registration_waiting()
         if self.replicator is None:
             await self.container.commit_through(self.container.next_offset)
         elif accepted:
@@ -465,7 +457,7 @@ class TaskRunner:
         if self.replicator is not None:
             self.replicator.notify()
         if self.tracking is not None:
-            self._wake_reporter()
+            self._report_wake.now()
 
     def trim_bound(self) -> int:
         """Entries below this offset may leave the container and its backups:
@@ -524,7 +516,7 @@ class TaskRunner:
         tracking, reporter = self.tracking, self.reporter
         backoff = Backoff(f"{self.operator_id}: tracking reports")
         while True:
-            await self._report_due(tracking)
+            await self._report_wake.due(tracking)
             try:
                 async with self.tracking_lock:
                     if self._needs_rebuild:
@@ -555,36 +547,13 @@ class TaskRunner:
             except GridstreamError as exc:
                 log.info("%s: tracking report failed (%s); retrying", self.operator_id, exc)
                 await backoff.wait(exc)
-                self._wake_reporter()
-
-    def _wake_reporter(self) -> None:
-        """The report loop sends now (contributions, a rebuild, a retry)."""
-        self._report_now = True
-        self._report_wake.set()
-
-    async def _report_due(self, tracking: TaskTracking) -> None:
-        """Returns when the task has something to report: contributions
-        covered by a newly durable window, a rebuild to ask for, a retry, or
-        registrations that have waited :data:`REGISTRATION_LINGER_S`."""
-        while True:
-            due = tracking.registrations_due_at(REGISTRATION_LINGER_S)
-            try:
-                async with asyncio.timeout(None if due is None
-                                           else max(0.0, due - time.monotonic())):
-                    await self._report_wake.wait()
-            except TimeoutError:
-                return
-            self._report_wake.clear()
-            if self._report_now:
-                self._report_now = False
-                return
-            # Woken by a first registration: wait again, with its deadline.
+                self._report_wake.now()
 
     def request_rebuild(self, roots: set[int]) -> None:
         """Asks the roots' (new) trackers to rebuild them (their tracker moved)."""
         if self.tracking is not None and roots:
             self._needs_rebuild |= roots
-            self._wake_reporter()
+            self._report_wake.now()
 
     async def tracking_events(
         self, completed: list[int], failed: list[int], collect: set[int],

@@ -30,6 +30,7 @@ second application.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -94,20 +95,24 @@ class TaskTracking:
     sequence: int = 0
     """Reports sent so far (their sequence numbers)."""
 
-    def retain(self, offset: int, root: int) -> None:
+    def retain(self, offset: int, root: int) -> bool:
         """A batch of ``root`` is in the container at ``offset`` (none of
-        :data:`~gridstream.ids.UNTRACKED_ROOT`: a tick's tree is not tracked)."""
+        :data:`~gridstream.ids.UNTRACKED_ROOT`: a tick's tree is not tracked).
+        True when its registration is now the only one waiting (it starts
+        the registrations' linger, :class:`ReportWake`)."""
         if root == UNTRACKED_ROOT:
-            return
+            return False
         self.root_at[offset] = root
         offsets = self.pending.setdefault(root, set())
+        first = False
         if self.is_source and not offsets and root not in self.registered:
             now = time.monotonic()
             if not self.unregistered:
-                self.unregistered_since = now
+                self.unregistered_since, first = now, True
             self.unregistered.append(root)
             self.since[root] = now
         offsets.add(offset)
+        return first
 
     def registrations(self) -> list[int]:
         """Roots to register with their trackers (value: the root id itself)."""
@@ -262,3 +267,40 @@ class TaskTracking:
             self.unregistered, self.unregistered_since = [], None
             now = time.monotonic()
             self.since = dict.fromkeys(self.pending, now)
+
+
+class ReportWake:
+    """When a task's report loop sends (owned by the task, awaited by its
+    report loop): at once for contributions of a newly durable window, a
+    rebuild or a retry (:meth:`now`); for registrations alone only once the
+    oldest has waited :data:`REGISTRATION_LINGER_S` (a first registration
+    merely starts that clock, :meth:`registration_waiting`)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self._now = False
+
+    def now(self) -> None:
+        """The loop sends at once."""
+        self._now = True
+        self._event.set()
+
+    def registration_waiting(self) -> None:
+        """A first registration waits: the loop starts its linger."""
+        self._event.set()
+
+    async def due(self, tracking: TaskTracking) -> None:
+        """Returns when the loop has something to send."""
+        while True:
+            due = tracking.registrations_due_at(REGISTRATION_LINGER_S)
+            try:
+                async with asyncio.timeout(None if due is None
+                                           else max(0.0, due - time.monotonic())):
+                    await self._event.wait()
+            except TimeoutError:
+                return
+            self._event.clear()
+            if self._now:
+                self._now = False
+                return
+            # Woken by a first registration: wait again, with its deadline.

@@ -15,7 +15,7 @@ from typing import Any, cast
 import pytest
 
 from gridstream.jobspec import JobSpec, Stage, plan_tasks
-from services.worker import tasks as tasks_module
+from services.worker import tracking as tracking_module
 from services.worker.tasks import TaskRunner
 from services.worker.tracking import TaskTracking
 
@@ -72,7 +72,7 @@ async def reporting(runner: TaskRunner) -> AsyncIterator[None]:
 
 async def test_registrations_wait_for_the_report_of_a_durable_window(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tasks_module, "REGISTRATION_LINGER_S", 3600.0)  # never, here
+    monkeypatch.setattr(tracking_module, "REGISTRATION_LINGER_S", 3600.0)  # never, here
     reports = Reports()
     runner = source_runner(reports)
     assert runner.tracking is not None
@@ -89,7 +89,7 @@ async def test_registrations_wait_for_the_report_of_a_durable_window(
 
 async def test_registrations_no_report_carries_go_once_they_waited_the_linger(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tasks_module, "REGISTRATION_LINGER_S", LINGER_S)
+    monkeypatch.setattr(tracking_module, "REGISTRATION_LINGER_S", LINGER_S)
     reports = Reports()
     runner = source_runner(reports)
     tracking = runner.tracking
@@ -116,8 +116,8 @@ def test_registrations_due_at_follows_the_oldest_waiting() -> None:
     source = TaskTracking(is_source=True)
     assert source.registrations_due_at(1.0) is None
     before = time.monotonic()
-    source.retain(0, 0xA1)
-    source.retain(1, 0xA2)
+    assert source.retain(0, 0xA1)  # the first registration waiting starts the clock
+    assert not source.retain(1, 0xA2)
     due = source.registrations_due_at(1.0)
     assert due is not None and before + 1.0 <= due <= time.monotonic() + 1.0
     source.mark_registered([0xA1, 0xA2])
