@@ -78,9 +78,6 @@ class TaskTracking:
     unregistered: list[int] = field(default_factory=list)
     """Source only: roots accepted here whose tracker has not yet been sent
     their registration (the root id XORed in, Storm's spout-side init)."""
-    unregistered_since: float | None = None
-    """Source only: monotonic() when the oldest of ``unregistered`` was
-    accepted (or was left over by the last report); None when it is empty."""
     registered: set[int] = field(default_factory=set)
     """Source only: pending roots whose registration reached their tracker."""
     contributed: dict[int, set[int]] = field(default_factory=dict)
@@ -106,11 +103,9 @@ class TaskTracking:
         offsets = self.pending.setdefault(root, set())
         first = False
         if self.is_source and not offsets and root not in self.registered:
-            now = time.monotonic()
-            if not self.unregistered:
-                self.unregistered_since, first = now, True
+            first = not self.unregistered
             self.unregistered.append(root)
-            self.since[root] = now
+            self.since[root] = time.monotonic()
         offsets.add(offset)
         return first
 
@@ -123,18 +118,19 @@ class TaskTracking:
         done = set(roots)
         self.registered |= done & self.pending.keys()
         self.unregistered = [r for r in self.unregistered if r not in done]
-        self.unregistered_since = time.monotonic() if self.unregistered else None
 
     def registrations_due_at(self, linger_s: float) -> float | None:
         """monotonic() by which the pending registrations go even with no
         report to carry them: ``linger_s`` after the oldest was accepted;
         None when none is pending (roots that finished or were abandoned
-        unregistered are dropped from the list here)."""
-        if self.unregistered and not any(r in self.pending for r in self.unregistered):
-            self.unregistered, self.unregistered_since = [], None
-        if self.unregistered_since is None or not self.unregistered:
+        unregistered are dropped from the list here). ``unregistered`` is in
+        the order the roots were accepted, and ``since`` says when."""
+        waiting = [r for r in self.unregistered if r in self.pending]
+        if len(waiting) != len(self.unregistered):
+            self.unregistered = waiting
+        if not waiting:
             return None
-        return self.unregistered_since + linger_s
+        return self.since.get(waiting[0], time.monotonic()) + linger_s
 
     def processed(self, offset: int, batch_id: int, emitted: list[int]) -> None:
         """The batch at ``offset`` was processed and emitted ``emitted``."""
@@ -264,7 +260,7 @@ class TaskTracking:
             # Registrations may or may not have been sent: all count as sent,
             # and a rebuild (which counts them) settles their trackers.
             self.registered = set(self.pending)
-            self.unregistered, self.unregistered_since = [], None
+            self.unregistered = []
             now = time.monotonic()
             self.since = dict.fromkeys(self.pending, now)
 
