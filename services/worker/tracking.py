@@ -125,7 +125,7 @@ class TaskTracking:
         None when none is pending (roots that finished or were abandoned
         unregistered are dropped from the list here). ``unregistered`` is in
         the order the roots were accepted, and ``since`` says when."""
-        waiting = [r for r in self.unregistered if r in self.pending]
+        waiting = self.registrations()
         if len(waiting) != len(self.unregistered):
             self.unregistered = waiting
         if not waiting:
