@@ -62,14 +62,17 @@ class Batch:
         self._keys = keys
         self._values: list[Any] | None = values
         self._runs: list[tuple[list[Any], list[Any]]] | None = None
+        """Consecutive keyed runs ``(keys, values)`` not joined yet (then
+        ``_keys`` and ``_values`` are None)."""
 
     @classmethod
     def of_runs(cls, runs: list[tuple[list[Any], list[Any]]], count: int,
                 encoded: common_pb2.RecordBatch) -> Batch:
         """A packed batch of consecutive keyed runs ``(keys, values)``,
         ``count`` records in all; the runs are joined only if asked for."""
-        batch = cls(None, [], encoded)
-        batch.count, batch._values, batch._runs = count, None, runs
+        batch = cls.__new__(cls)
+        batch.count, batch.encoded = count, encoded
+        batch._keys, batch._values, batch._runs = None, None, runs
         return batch
 
     def _join(self) -> None:
