@@ -29,11 +29,14 @@ class Holder(worker_pb2_grpc.WorkerServicer):
         self.calls: list[int] = []
         self.gate = asyncio.Event()
         self.gate.set()
+        self.arrived = asyncio.Event()
+        """Set by every call as it arrives."""
 
     async def ReplicateMany(self, request: worker_pb2.ReplicateManyRequest,
                             context: grpc.aio.ServicerContext
                             ) -> worker_pb2.ReplicateManyResponse:
         self.calls.append(len(request.requests))
+        self.arrived.set()
         await self.gate.wait()
         outcomes = []
         for one in request.requests:
@@ -81,12 +84,15 @@ async def held_call(store: Holder, calls: ReplicationCalls, address: str
     """Replicates partition 0 with the holder's gate shut: returns once the
     holder has that call, so whatever is replicated next waits behind it."""
     store.gate.clear()
+    store.arrived.clear()
     first = asyncio.ensure_future(calls.replicate(address, request(0, 1), "p0"))
-    for _ in range(100):
-        if store.calls:
-            break
-        await asyncio.sleep(0.01)  # polling for the call, at most 1 s
-    assert store.calls == [1], "the holder never got the first call"
+    # The first call finds that the holder has no ReplicateStream and falls
+    # back to ReplicateMany; on a loaded machine that took more than a second.
+    try:
+        await asyncio.wait_for(store.arrived.wait(), 30.0)
+    except TimeoutError:
+        raise AssertionError("the holder never got the first call in 30 s") from None
+    assert store.calls == [1]
     return first
 
 
