@@ -50,6 +50,8 @@ from gridstream.routing import RoutingView
 from gridstream.sendbatches import (
     Batch,
     BatchFeed,
+    SendOrder,
+    SendTurn,
     Step,
     halves,
     packed_steps,
@@ -123,10 +125,12 @@ class Client(ControlCalls):
         self._sequences: dict[tuple[str, int], int] = {}
         self._pending: dict[tuple[str, int], worker_pb2.Segment] = {}
         self._acked: dict[tuple[str, int], int] = {}
+        """(job, partition) -> the last sequence acknowledged on this client's channel."""
         self._unsent: dict[tuple[str, int], list[Batch]] = {}
         """(job, partition) -> batches after a held one, not pushed yet."""
-        """(job, partition) -> the last sequence acknowledged on this client's channel."""
         self._partition_locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._send_orders: dict[str, SendOrder] = {}
+        """job -> its sends, which pack in the order they were called (see SendOrder)."""
         self._round_robin = itertools.count()
         self._state = ReplicaClient(RoutingView(self._scheduler, virtual_nodes=100),
                                     self._channels)
@@ -190,6 +194,12 @@ class Client(ControlCalls):
         batch to each, so it keeps every partition busy). Returns the number
         of records sent.
 
+        Sends to one job reach each partition in the order they were called,
+        also when they run at once as tasks of their own: a key's records
+        are applied in the order they were sent. (A send packs its records
+        once every send called before it has handed over all its batches;
+        their pushes go on meanwhile.)
+
         Exactly once across sender restarts: give a stable ``producer`` (its
         channel becomes ``src/<producer>``) and a ``first_sequence`` that is
         the same whenever the same records are sent again and larger than any
@@ -218,6 +228,19 @@ class Client(ControlCalls):
         if first_sequence is not None and not 1 <= first_sequence <= MAX_CLIENT_SEQUENCE:
             raise InvalidArgument(f"first_sequence must be between 1 and "
                                   f"{MAX_CLIENT_SEQUENCE} (the range above is the cluster's)")
+        # Taken before any await, so in call order.
+        turn = self._send_orders.setdefault(job_id, SendOrder()).take_turn()
+        try:
+            return await self._send_in_turn(job_id, values, keys, producer, first_sequence,
+                                            turn)
+        finally:
+            turn.finish()
+
+    async def _send_in_turn(self, job_id: str, values: Iterable[Any],
+                            keys: Sequence[Any] | None, producer: str | None,
+                            first_sequence: int | None, turn: SendTurn) -> int:
+        """:meth:`send` once ``turn`` comes: packs and pushes the records."""
+        await turn.wait()
         routing = await self._routing(job_id)
         partitions = routing.partitions
         steps: Iterator[Step]
@@ -236,27 +259,29 @@ class Client(ControlCalls):
             if not isinstance(values, Sized):
                 values = list(values)  # every batch is held until acknowledged anyway
             iterator = iter(values)
-            turn = itertools.count() if producer is not None else self._round_robin
+            next_partition = itertools.count() if producer is not None else self._round_robin
             size = unkeyed_batch_size(self.batch_size, len(values), partitions)
             unkeyed: Step = []
             total = 0
             while chunk := list(itertools.islice(iterator, size)):
                 check_nesting(chunk, "record")
-                unkeyed.append((next(turn) % partitions, Batch(None, chunk)))
+                unkeyed.append((next(next_partition) % partitions, Batch(None, chunk)))
                 total += len(chunk)
             steps = iter([unkeyed])
-        outcomes = await self._push_steps(job_id, steps, producer, first_sequence)
+        outcomes = await self._push_steps(job_id, steps, producer, first_sequence, turn)
         self._raise_partial(job_id, outcomes, restart_safe=producer is not None)
         return total
 
     async def _push_steps(self, job_id: str, steps: Iterator[Step], producer: str | None,
-                          first_sequence: int | None) -> dict[int, BaseException | None]:
+                          first_sequence: int | None, turn: SendTurn
+                          ) -> dict[int, BaseException | None]:
         """Pushes the batches of a send as packing makes them: a partition's
         pushes start with its first batch and take the rest in order while
         later steps are packed (sendbatches). Returns each partition's
         outcome, in partition order, once all its pushes have finished.
         A step that fails to pack ends the send with its error once the
-        pushes of the batches already made have finished."""
+        pushes of the batches already made have finished. The next send's
+        ``turn`` comes once every batch is handed over."""
         feeds: dict[int, BatchFeed] = {}
         pushes: dict[int, asyncio.Task[None]] = {}
         try:
@@ -280,6 +305,7 @@ class Client(ControlCalls):
                 feed.close()
             await asyncio.gather(*pushes.values(), return_exceptions=True)
             raise
+        turn.finish()  # every partition's pushes of this send are queued before the next's
         for feed in feeds.values():
             feed.close()
         outcomes = await asyncio.gather(*pushes.values(), return_exceptions=True)

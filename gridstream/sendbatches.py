@@ -187,6 +187,57 @@ def halves(batch: Batch) -> list[Batch]:
             Batch(None if keys is None else keys[middle:], values[middle:])]
 
 
+class SendOrder:
+    """Has one client's sends to one job hand their batches to the partitions'
+    pushes in the order the sends were called. A partition's pushes take the batches
+    of one send after another, first come first served
+    (``Client._send_partition``), and a long keyed send hands a partition its
+    first batch only once packing has filled it: a send called after it and
+    packed in one step would otherwise reach that partition first, and a
+    key's later records would be applied before its earlier ones. So a send
+    packs only once every send called before it has handed over all its
+    batches (whose pushes may still be running)."""
+
+    def __init__(self) -> None:
+        self._last: asyncio.Future[None] | None = None
+
+    def take_turn(self) -> SendTurn:
+        """The calling send's turn, behind every send that took one before:
+        taken before the send's first ``await``, so in call order."""
+        turn = SendTurn(self._last, asyncio.get_running_loop().create_future())
+        self._last = turn.handed_over
+        return turn
+
+
+class SendTurn:
+    """One send's place in its client's :class:`SendOrder`."""
+
+    def __init__(self, earlier: asyncio.Future[None] | None,
+                 handed_over: asyncio.Future[None]) -> None:
+        self._earlier = earlier
+        self.handed_over = handed_over
+        """Done once this send and every send before it handed over their batches."""
+
+    async def wait(self) -> None:
+        """Returns once every earlier send has handed over its batches. A
+        send cancelled meanwhile leaves the earlier ones untouched."""
+        if self._earlier is not None:
+            await asyncio.shield(self._earlier)
+
+    def finish(self) -> None:
+        """This send has handed over every batch it will (all of them, or
+        none when it failed): the next send may pack once the earlier ones
+        have finished too. Called again, it does nothing."""
+        if self._earlier is None or self._earlier.done():
+            self._release()
+        else:
+            self._earlier.add_done_callback(lambda _: self._release())
+
+    def _release(self) -> None:
+        if not self.handed_over.done():
+            self.handed_over.set_result(None)
+
+
 class BatchFeed:
     """One partition's batches of one send, in push order, handed over while
     the send is still packing later ones; closed once the send has no more

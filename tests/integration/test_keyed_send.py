@@ -5,6 +5,7 @@ Every record arrives once, in order per key, either way."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -100,5 +101,21 @@ async def test_a_record_that_cannot_pack_fails_the_send_before_any_push(
         progress = await sdk.drain(job_id)
         assert sum(task.records_in for task in progress.tasks) == 0
         await sdk.send(job_id, values, keys)  # the same client sends the good records
+        await sdk.drain(job_id)
+        assert await sdk.results(job_id) == taxi.reference(values)
+
+
+async def test_a_send_started_after_another_reaches_each_partition_after_it(
+        cluster: LocalCluster) -> None:
+    # The first send packs its batches over many steps, pushing as it goes;
+    # the second, started while it packs, is one step. Each device's
+    # positions must still be appended in the order the sends were called.
+    keys, values = taxi.keyed(RECORDS + 200, devices=500)
+    async with Client(cluster.scheduler_address, batch_size=BATCH_SIZE) as sdk:
+        job_id = await sdk.submit(taxi.job(prepartitioned=True))
+        await sdk.send(job_id, values[:1], keys[:1])  # the job's routing is known from here on
+        first = asyncio.create_task(sdk.send(job_id, values[1:RECORDS], keys[1:RECORDS]))
+        second = asyncio.create_task(sdk.send(job_id, values[RECORDS:], keys[RECORDS:]))
+        assert await asyncio.gather(first, second) == [RECORDS - 1, 200]
         await sdk.drain(job_id)
         assert await sdk.results(job_id) == taxi.reference(values)
