@@ -251,11 +251,18 @@ class StreamAnswers:
 
     Such a stream lasts as long as its caller keeps it; a stopping server
     would wait its whole grace for them. :meth:`end_all` (called by the
-    host as it stops) cancels every one at once: a request in flight on one
-    then fails for its caller as a call to a stopping peer does."""
+    host as it stops) ends every one at once: a request in flight on one
+    then fails for its caller as a call to a stopping peer does. A stream
+    waiting for its next request is cancelled; one answering a request
+    ends right after its answer is written. Cancelled while its answer was
+    being written, the stream's status could not be sent (gRPC refuses a
+    second send while one is in progress: GRPC_CALL_ERROR_TOO_MANY_OPERATIONS)
+    and the server's stop waited its whole grace for it."""
 
     def __init__(self) -> None:
         self._open: set[asyncio.Task[Any]] = set()
+        self._answering: set[asyncio.Task[Any]] = set()
+        """Streams between taking a request and having written its answer."""
         self._ended = False
 
     async def answer_each(
@@ -271,18 +278,26 @@ class StreamAnswers:
         self._open.add(task)
         try:
             async for request in requests:
-                await context.write(await answer(request, context))
+                self._answering.add(task)
+                try:
+                    await context.write(await answer(request, context))
+                finally:
+                    self._answering.discard(task)
+                if self._ended:
+                    break
         except asyncio.CancelledError:
             if not self._ended:
                 raise
-            # Cancelled by end_all: a cancelled handler alone leaves the call
-            # open (and the server's stop waiting for it); a status ends it.
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
         finally:
             self._open.discard(task)
+        if self._ended:
+            # A cancelled handler alone leaves the call open (and the
+            # server's stop waiting for it); a status ends it.
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is stopping")
 
     def end_all(self) -> None:
-        """Ends every open stream and refuses new ones."""
+        """Ends every open stream (at once, or once the answer it is writing
+        is written) and refuses new ones."""
         self._ended = True
-        for task in list(self._open):
+        for task in list(self._open - self._answering):
             task.cancel()

@@ -206,6 +206,27 @@ async def test_a_stopping_server_ends_open_streams_instead_of_waiting_its_grace(
     assert ended.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
+async def test_a_stream_answering_as_the_server_stops_writes_its_answer_then_ends(
+        channels: rpc.ChannelPool) -> None:
+    # Only a stream waiting for its next request is cancelled: cancelled
+    # while writing its answer, its status could not be sent and the
+    # server's stop waited its whole grace.
+    found = Peer(rpc.StreamAnswers())
+    server, port, streams = await first_answer(found, channels)
+    found.gate.clear()
+    found.arrived.clear()
+    pending = asyncio.ensure_future(streams.call(f"127.0.0.1:{port}", asking(2), 10.0))
+    await asyncio.wait_for(found.arrived.wait(), 10.0)
+    found.answers.end_all()
+    grace_s = 10.0
+    started = time.monotonic()
+    stopping = asyncio.ensure_future(server.stop(grace_s))
+    found.gate.set()
+    assert answered(await pending) == 2  # the request in flight got its answer
+    await stopping
+    assert time.monotonic() - started < grace_s / 2
+
+
 async def test_a_stopping_server_refuses_new_streams(channels: rpc.ChannelPool) -> None:
     found = Peer(rpc.StreamAnswers())
     async with serving(found) as address:
