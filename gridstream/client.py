@@ -313,11 +313,22 @@ class Client(ControlCalls):
 
     async def _send_feed(self, job_id: str, partition: int, feed: BatchFeed,
                          producer: str | None, first_sequence: int | None) -> None:
+        """One send's pushes to one partition. Every send's hold the
+        partition's lock, first come first served, and sends hand their
+        batches over in call order (SendOrder), so a partition gets them in
+        that order: a producer's later send arriving first would make the
+        container drop the earlier one's batches as duplicates (lower
+        sequences of the same channel), acknowledged but never appended."""
         if producer is not None and first_sequence is not None:
-            await self._send_sequenced(job_id, partition, feed, f"src/{producer}",
-                                       first_sequence)
+            async with self._partition_lock(job_id, partition):
+                await self._send_sequenced(job_id, partition, feed, f"src/{producer}",
+                                           first_sequence)
         else:
             await self._send_partition(job_id, partition, feed)
+
+    def _partition_lock(self, job_id: str, partition: int) -> asyncio.Lock:
+        """The lock a partition's pushes hold, one send at a time."""
+        return self._partition_locks.setdefault((job_id, partition), asyncio.Lock())
 
     def _raise_partial(self, job_id: str, outcomes: dict[int, BaseException | None],
                        restart_safe: bool = False) -> None:
@@ -413,8 +424,7 @@ class Client(ControlCalls):
         size is split in two (a single record that does not fit fails at
         once, naming the limit)."""
         seq_key = (job_id, partition)
-        lock = self._partition_locks.setdefault(seq_key, asyncio.Lock())
-        async with lock:
+        async with self._partition_lock(job_id, partition):
             held = self._pending.get(seq_key)
             if held is not None:
                 try:

@@ -105,17 +105,29 @@ async def test_a_record_that_cannot_pack_fails_the_send_before_any_push(
         assert await sdk.results(job_id) == taxi.reference(values)
 
 
+@pytest.mark.parametrize("producer", [None, "feed"])
 async def test_a_send_started_after_another_reaches_each_partition_after_it(
-        cluster: LocalCluster) -> None:
+        cluster: LocalCluster, producer: str | None) -> None:
     # The first send packs its batches over many steps, pushing as it goes;
     # the second, started while it packs, is one step. Each device's
-    # positions must still be appended in the order the sends were called.
+    # positions must still be appended in the order the sends were called,
+    # also for a producer's sends, whose later sequences would otherwise
+    # make the container drop the first send's remaining batches as
+    # duplicates.
     keys, values = taxi.keyed(RECORDS + 200, devices=500)
+
+    def sequenced(chunk: int) -> dict[str, Any]:
+        return {} if producer is None else {"producer": producer,
+                                            "first_sequence": (chunk + 1) << 24}
+
     async with Client(cluster.scheduler_address, batch_size=BATCH_SIZE) as sdk:
         job_id = await sdk.submit(taxi.job(prepartitioned=True))
-        await sdk.send(job_id, values[:1], keys[:1])  # the job's routing is known from here on
-        first = asyncio.create_task(sdk.send(job_id, values[1:RECORDS], keys[1:RECORDS]))
-        second = asyncio.create_task(sdk.send(job_id, values[RECORDS:], keys[RECORDS:]))
+        # The job's routing is known from here on.
+        await sdk.send(job_id, values[:1], keys[:1], **sequenced(0))
+        first = asyncio.create_task(
+            sdk.send(job_id, values[1:RECORDS], keys[1:RECORDS], **sequenced(1)))
+        second = asyncio.create_task(
+            sdk.send(job_id, values[RECORDS:], keys[RECORDS:], **sequenced(2)))
         assert await asyncio.gather(first, second) == [RECORDS - 1, 200]
         await sdk.drain(job_id)
         assert await sdk.results(job_id) == taxi.reference(values)

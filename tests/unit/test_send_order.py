@@ -9,13 +9,19 @@ import asyncio
 from gridstream.sendbatches import SendOrder
 
 
+async def a_few_loop_steps() -> None:
+    """Enough steps of the loop for a released turn's waiter to finish."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
 async def test_each_send_waits_for_every_earlier_one_to_hand_over() -> None:
     order = SendOrder()
     first, second, third = order.take_turn(), order.take_turn(), order.take_turn()
     await asyncio.wait_for(first.wait(), 1)  # nothing before the first
     waiting = asyncio.ensure_future(third.wait())
     second.finish()  # the second is done before the first: the third still waits
-    await asyncio.sleep(0)
+    await a_few_loop_steps()
     assert not waiting.done()
     first.finish()
     await asyncio.wait_for(waiting, 1)
@@ -30,7 +36,7 @@ async def test_a_send_cancelled_in_its_wait_keeps_the_later_ones_behind_the_earl
     cancelled.cancel()
     second.finish()  # as Client.send's finally does
     later = asyncio.ensure_future(third.wait())
-    await asyncio.sleep(0)
+    await a_few_loop_steps()
     assert not later.done(), "the third went before the first had handed over"
     first.finish()
     first.finish()  # again: nothing more happens
