@@ -106,8 +106,9 @@ async def send_file(client: Client, job_id: str, path: Path, keyed: bool) -> Non
     """Sends the data file's records to the job chunk by chunk: each chunk is
     read in a thread (the event loop meanwhile drives the pushes of the
     chunks before it) and sent as a task of its own; returns once every
-    chunk is acknowledged, and raises the first send's error (the other
-    sends are cancelled)."""
+    chunk is acknowledged. A send that fails cancels the other sends and
+    stops the reading; the ExceptionGroup raised holds its error (the run
+    fails, and the driver shows the log's traceback)."""
     async with asyncio.TaskGroup() as sends:
         with path.open() as lines:
             while True:
