@@ -18,7 +18,7 @@ import json
 import os
 import resource
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -99,8 +99,9 @@ def arguments(description: str, extra: Callable[[argparse.ArgumentParser], None]
     return args
 
 
-def read_lines(path: Path) -> Iterator[str]:
-    """The data file's records, one a line, without line ends."""
+def read_lines(path: Path) -> Generator[str, None, None]:
+    """The data file's records, one a line, without line ends (the file is
+    closed when the generator ends or is closed)."""
     with path.open() as lines:
         for line in lines:
             yield line.rstrip("\n")

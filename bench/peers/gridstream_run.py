@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from common import REPO_ROOT, arguments, device_key_of, measured, write_result
+from common import REPO_ROOT, arguments, device_key_of, measured, read_lines, write_result
 
 sys.path.insert(0, str(REPO_ROOT))
 
@@ -58,10 +59,12 @@ BATCH_SIZE = DEFAULT_BATCH_SIZE
 READ_CHUNK_RECORDS = 200_000
 """Lines read, and sent, at a time: about one batch of at most
 :data:`BATCH_SIZE` for each of the job's 12 partitions, so chunking adds no
-pushes. Taxi exactly_once, four alternations on one machine (2026-12-04):
-3.25 to 3.36 s with chunks of 200,000 against 3.37 to 3.59 s reading the
-whole file first; with chunks of 250,000 (a second, small batch per
-partition) 3.31 to 3.58 s against 3.40 to 3.80 s."""
+pushes. Taxi exactly_once on an idle 2-core machine (2026-12-04), this
+runner against the one that read the whole file first, five alternations:
+3.36 to 3.52 s (median 3.41) against 3.41 to 3.68 s (3.50); in one client
+process, four alternations: 3.25 to 3.36 s against 3.37 to 3.59 s (chunks
+of 250,000, a second small batch per partition: 3.31 to 3.58 s against
+3.40 to 3.80 s)."""
 
 
 def _extra(parser: argparse.ArgumentParser) -> None:
@@ -94,11 +97,11 @@ async def run(args: argparse.Namespace) -> None:
                            "state_servers": args.state_servers, "job": job_id}
 
 
-def read_chunk(lines: Iterator[str], count: int, keyed: bool
+def read_chunk(records: Iterator[str], count: int, keyed: bool
                ) -> tuple[list[str], list[str] | None]:
-    """The next ``count`` records of an open data file (fewer at its end,
-    none past it), with their devices as keys when ``keyed``."""
-    values = [line.rstrip("\n") for line in itertools.islice(lines, count)]
+    """The next ``count`` records of the data file (fewer at its end, none
+    past it), with their devices as keys when ``keyed``."""
+    values = list(itertools.islice(records, count))
     return values, [device_key_of(text) for text in values] if keyed else None
 
 
@@ -110,9 +113,9 @@ async def send_file(client: Client, job_id: str, path: Path, keyed: bool) -> Non
     stops the reading; the ExceptionGroup raised holds its error (the run
     fails, and the driver shows the log's traceback)."""
     async with asyncio.TaskGroup() as sends:
-        with path.open() as lines:
+        with contextlib.closing(read_lines(path)) as records:
             while True:
-                values, keys = await asyncio.to_thread(read_chunk, lines,
+                values, keys = await asyncio.to_thread(read_chunk, records,
                                                        READ_CHUNK_RECORDS, keyed)
                 if not values:
                     break
