@@ -58,7 +58,7 @@ lint: setup
 # spend most of their time waiting for detection, restarts and drains (a
 # minute of kills used 44 % of one core), so on 2 cores two at a time took
 # the non-Spark part from 872 s to 470-516 s (make test from a fresh clone:
-# 16 min 17 s before, 9 min 27 s to 10 min 7 s after). Spark's JVM is
+# 16 min 17 s before, 8 min 29 s to 10 min 7 s after). Spark's JVM is
 # started in a pytest process of its own, before any gRPC thread exists
 # there: forking the Java gateway while gRPC threads run has made it die at
 # start on a loaded machine.

@@ -217,6 +217,7 @@ class SendTurn:
         self._earlier = earlier
         self.handed_over = handed_over
         """Done once this send and every send before it handed over their batches."""
+        self._finished = False
 
     async def wait(self) -> None:
         """Returns once every earlier send has handed over its batches. A
@@ -228,6 +229,9 @@ class SendTurn:
         """This send has handed over every batch it will (all of them, or
         none when it failed): the next send may pack once the earlier ones
         have finished too. Called again, it does nothing."""
+        if self._finished:
+            return
+        self._finished = True
         if self._earlier is None or self._earlier.done():
             self._release()
         else:
