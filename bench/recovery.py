@@ -66,6 +66,7 @@ from gridstream.config import Config
 from gridstream.examples import wordcount
 from gridstream.ids import partition_for_key
 from gridstream.local import LocalCluster
+from services.stateserver.chains import chunk_entries
 
 PARTITIONS = 12
 RESTART_DELAY_S = 10.0
@@ -196,15 +197,18 @@ def window_bytes(db: Path, job_id: str, after: dict[str, int]
             'SELECT operator_id, "window", size FROM state_deltas WHERE operator_id LIKE ?',
             (f"{job_id}/t1/%",)) if window > after.get(op, -1)]
         mean, top = (sum(sizes) / len(sizes), max(sizes)) if sizes else (0.0, 0)
-        # The state as read back: the base and the deltas not yet folded, one
-        # row per key.
-        size, count = conn.execute(
-            "SELECT SUM(b), COUNT(*) FROM (SELECT MAX(b) AS b FROM ("
-            "SELECT operator_id, stage, key, length(key) + length(value) AS b FROM "
-            "state_entries WHERE operator_id LIKE ?1 UNION ALL "
-            "SELECT operator_id, stage, key, length(key) + COALESCE(length(value), 0) FROM "
-            "state_delta_entries WHERE operator_id LIKE ?1) GROUP BY operator_id, stage, key)",
-            (f"{job_id}/t1/%",)).fetchone()
+        # The state as read back: the base and the deltas not yet folded (the
+        # newest value of each key), one entry per key.
+        state: dict[tuple[str, str, bytes], int] = {
+            (op, stage, bytes(key)): nbytes for op, stage, key, nbytes in conn.execute(
+                "SELECT operator_id, stage, key, length(key) + length(value) FROM "
+                "state_entries WHERE operator_id LIKE ?", (f"{job_id}/t1/%",))}
+        for op, blob in conn.execute(
+                'SELECT operator_id, entries FROM state_delta_chunks WHERE operator_id LIKE ? '
+                'ORDER BY operator_id, "window", chunk', (f"{job_id}/t1/%",)):
+            for stage, key, value in chunk_entries(bytes(blob)):
+                state[(op, stage, key)] = len(key) + (len(value) if value is not None else 0)
+        size, count = sum(state.values()), len(state)
         operators = conn.execute(
             "SELECT COUNT(*) FROM state_heads WHERE operator_id LIKE ?",
             (f"{job_id}/t1/%",)).fetchone()[0] or 1

@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 
-from gridstream.codec import pack
+from gridstream.codec import pack, unpack
 from services.stateserver.groupcommit import Preempted
-from services.stateserver.layout import MissingParent, StateHead, StateWindow
+from services.stateserver.layout import Entry, MissingParent, StateHead, StateWindow
 
 if TYPE_CHECKING:
     from services.stateserver.store import SnapshotStore
@@ -71,20 +71,28 @@ FOLD_BYTES = 16 * 1024 * 1024
 """Delta bytes (their ``size``) one fold may cover: with big values the
 bytes, not the entries, bound how long a fold takes."""
 
-_FOLD_NEWEST = (
-    # Each (stage, key)'s newest window among the folded ones is found on
-    # the keys alone (the sort carries no values), then its value is read by
-    # primary key; the groups come out in (stage, key) order, the base's.
-    "INSERT INTO state_entries (job_id, operator_id, stage, key, value) "
-    "SELECT d.job_id, d.operator_id, d.stage, d.key, d.value FROM "
-    '(SELECT stage, key, max("window") AS newest FROM state_delta_entries '
-    'WHERE job_id = ?1 AND operator_id = ?2 AND "window" <= ?3 GROUP BY stage, key) AS n '
-    "JOIN state_delta_entries AS d ON d.job_id = ?1 AND d.operator_id = ?2 "
-    'AND d."window" = n.newest AND d.stage = n.stage AND d.key = n.key '
-    "WHERE d.value IS NOT NULL "
+_UPSERT_BASE = (
+    "INSERT INTO state_entries (job_id, operator_id, stage, key, value) VALUES (?, ?, ?, ?, ?) "
     "ON CONFLICT (job_id, operator_id, stage, key) DO UPDATE SET value = excluded.value")
-"""Upserts into the base each key's newest value among the deltas up to a
-window (a key whose newest entry there is a delete is left out)."""
+"""Writes one key's value into the base (a fold)."""
+
+DELTA_CHUNK_ENTRIES = 5_000
+"""Entries per stored chunk of a delta that did not arrive packed (a peer's
+copy during catch-up), as a worker packs its windows."""
+
+
+def packed_chunks(entries: list[Entry]) -> list[tuple[bytes, int]]:
+    """A delta's entries as stored chunks (msgpack entries, count): an array
+    of [stage, key, value], or [stage, key] for a deleted key."""
+    return [(pack([[s, k] if v is None else [s, k, v]
+                   for s, k, v in entries[start:start + DELTA_CHUNK_ENTRIES]]),
+             len(entries[start:start + DELTA_CHUNK_ENTRIES]))
+            for start in range(0, len(entries), DELTA_CHUNK_ENTRIES)]
+
+
+def chunk_entries(blob: bytes) -> list[Entry]:
+    """The entries of a stored delta chunk, in order."""
+    return [(e[0], e[1], e[2] if len(e) == 3 else None) for e in unpack(blob)]
 
 SLOW_CLAIM_S = 0.1
 """A takeover's claim this slow is logged (it delays the takeover)."""
@@ -334,7 +342,7 @@ class StateChains:
             # A new owner continues from an earlier window: drop what came after it.
             log.info("%s: window %d continues from %d; dropping the windows after it",
                      w.operator_id, w.window, w.parent)
-            for table in ("state_delta_entries", "state_deltas"):
+            for table in ("state_delta_chunks", "state_deltas"):
                 await conn.execute(
                     f'DELETE FROM {table} WHERE job_id = ? AND operator_id = ? AND "window" > ?',
                     (*key, w.parent))
@@ -343,12 +351,13 @@ class StateChains:
             'INSERT INTO state_deltas (job_id, operator_id, "window", parent, epoch, header, size)'
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (*key, w.window, w.parent, w.epoch, w.header, size + len(w.header)))
-        if w.entries:
+        chunks = w.chunks if w.chunks is not None else packed_chunks(w.entries)
+        if chunks:
             await conn.executemany(
-                'INSERT OR REPLACE INTO state_delta_entries (job_id, operator_id, "window", '
-                "stage, key, value) VALUES (?, ?, ?, ?, ?, ?)",
-                # A generator: the rows are built in aiosqlite's thread, not on the loop.
-                ((*key, w.window, stage, k, v) for stage, k, v in w.entries))
+                'INSERT OR REPLACE INTO state_delta_chunks (job_id, operator_id, "window", '
+                "chunk, entries, count) VALUES (?, ?, ?, ?, ?, ?)",
+                [(*key, w.window, index, blob, count)
+                 for index, (blob, count) in enumerate(chunks)])
         # One statement, not two: the deltas held come back with the new head.
         rows = list(await conn.execute_fetchall(
             "UPDATE state_heads SET head_window = ? WHERE job_id = ? AND operator_id = ? "
@@ -403,15 +412,24 @@ class StateChains:
             if last is None:
                 return 0
             upto, count, epoch, header = last
-            # A key deleted in the range is removed first; if a later window
-            # of the range wrote it again, the upsert below puts it back.
-            await conn.execute(
-                "DELETE FROM state_entries WHERE job_id = ? AND operator_id = ? AND "
-                "(stage, key) IN (SELECT stage, key FROM state_delta_entries WHERE "
-                'job_id = ? AND operator_id = ? AND "window" <= ? AND value IS NULL)',
-                (*key, *key, upto))
-            await conn.execute(_FOLD_NEWEST, (*key, upto))
-            for table in ("state_delta_entries", "state_deltas"):
+            # Each key's newest value among the folded deltas (None: deleted),
+            # written to the base once, in (stage, key) order, the base's.
+            newest: dict[tuple[str, bytes], bytes | None] = {}
+            for (blob,) in await conn.execute_fetchall(
+                    'SELECT entries FROM state_delta_chunks WHERE job_id = ? AND operator_id = ? '
+                    'AND "window" <= ? ORDER BY "window", chunk', (*key, upto)):
+                for stage, k, v in chunk_entries(bytes(blob)):
+                    newest[(stage, k)] = v
+            gone = sorted(entry for entry, v in newest.items() if v is None)
+            if gone:
+                await conn.executemany(
+                    "DELETE FROM state_entries WHERE job_id = ? AND operator_id = ? AND stage = ? "
+                    "AND key = ?", [(*key, stage, k) for stage, k in gone])
+            kept = sorted((entry, v) for entry, v in newest.items() if v is not None)
+            if kept:
+                await conn.executemany(_UPSERT_BASE,
+                                       [(*key, stage, k, v) for (stage, k), v in kept])
+            for table in ("state_delta_chunks", "state_deltas"):
                 await conn.execute(
                     f'DELETE FROM {table} WHERE job_id = ? AND operator_id = ? '
                     'AND "window" <= ?', (*key, upto))
@@ -437,8 +455,8 @@ class StateChains:
         chosen, entries, size = 0, 0, 0
         for window, delta_size in deltas[:max(len(deltas) - keep, 0)]:
             rows = list(await conn.execute_fetchall(
-                'SELECT COUNT(*) FROM state_delta_entries WHERE job_id = ? AND operator_id = ? '
-                'AND "window" = ?', (*key, window)))
+                'SELECT COALESCE(SUM(count), 0) FROM state_delta_chunks WHERE job_id = ? AND '
+                'operator_id = ? AND "window" = ?', (*key, window)))
             entries += int(rows[0][0])
             size += int(delta_size)
             if chosen and (entries > self.fold_entries or size > self.fold_bytes):
@@ -539,14 +557,37 @@ class StateChains:
             for window, parent, epoch, header in deltas:
                 if window <= after:
                     continue
-                async for chunk in self._window_chunks(
-                    conn, "SELECT stage, key, value FROM state_delta_entries WHERE job_id = ? "
-                    'AND operator_id = ? AND "window" = ? ORDER BY stage, key', (*key, window),
-                    window, epoch, parent, header, packed, chunk_entries, chunk_bytes,
-                ):
+                async for chunk in self._delta_chunks(conn, key, window, epoch, parent, header,
+                                                      packed):
                     yield chunk
         finally:
             await conn.close()
+
+    async def _delta_chunks(
+        self, conn: aiosqlite.Connection, key: OperatorKey, window: int, epoch: int,
+        parent: int | None, header: bytes, packed: bool,
+    ) -> AsyncIterator[StateChunkOut]:
+        """One delta's stored chunks, in order (each as big as its writer
+        packed it); the header rides on the first. Native form is built
+        from each chunk's entries as :func:`encode_rows` builds it."""
+        rows = list(await conn.execute_fetchall(
+            'SELECT COUNT(*) FROM state_delta_chunks WHERE job_id = ? AND operator_id = ? '
+            'AND "window" = ?', (*key, window)))
+        chunks = int(rows[0][0])
+        if not chunks:
+            yield StateChunkOut(window, epoch, parent, header, encode_rows([], packed), 0, True)
+            return
+        async with conn.execute(
+            'SELECT entries, count FROM state_delta_chunks WHERE job_id = ? AND operator_id = ? '
+            'AND "window" = ? ORDER BY chunk', (*key, window),
+        ) as cursor:
+            index = 0
+            while row := await cursor.fetchone():
+                blob, count = bytes(row[0]), int(row[1])
+                yield StateChunkOut(window, epoch, parent, header if index == 0 else b"",
+                                    blob if packed else encode_rows(chunk_entries(blob), False),
+                                    count, index == chunks - 1)
+                index += 1
 
     async def _window_chunks(
         self, conn: aiosqlite.Connection, sql: str, params: tuple[Any, ...], window: int,
@@ -573,5 +614,5 @@ class StateChains:
                             encode_rows(pending, packed), len(pending), True)
 
 
-STATE_TABLES_BY_OPERATOR = ("state_delta_entries", "state_deltas", "state_entries", "state_heads")
+STATE_TABLES_BY_OPERATOR = ("state_delta_chunks", "state_deltas", "state_entries", "state_heads")
 """Every state table, children first (what dropping an operator's state deletes)."""

@@ -21,10 +21,11 @@ DeadLetter = tuple[str, str, str, str]
 VersionedDeadLetter = tuple[str, str, str, str, int]
 """A dead letter and the version of the write that stored it."""
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """``PRAGMA user_version`` of the current layout; an older file is refused
 with advice instead of being misread. 3: ``state_delta_entries`` became a
-rowid table (see :data:`STATE_TABLES`)."""
+rowid table; 4: a delta's entries are stored as the packed chunks they
+arrived in, ``state_delta_chunks`` (see :data:`STATE_TABLES`)."""
 
 
 SCHEMA = """
@@ -92,14 +93,14 @@ CREATE TABLE IF NOT EXISTS state_deltas (
     size        INTEGER NOT NULL,
     PRIMARY KEY (job_id, operator_id, "window")
 );
-CREATE TABLE IF NOT EXISTS state_delta_entries (
+CREATE TABLE IF NOT EXISTS state_delta_chunks (
     job_id      TEXT    NOT NULL,
     operator_id TEXT    NOT NULL,
     "window"    INTEGER NOT NULL,
-    stage       TEXT    NOT NULL,
-    key         BLOB    NOT NULL,
-    value       BLOB,
-    PRIMARY KEY (job_id, operator_id, "window", stage, key)
+    chunk       INTEGER NOT NULL,
+    entries     BLOB    NOT NULL,
+    count       INTEGER NOT NULL,
+    PRIMARY KEY (job_id, operator_id, "window", chunk)
 );
 CREATE TABLE IF NOT EXISTS operators (
     job_id          TEXT    NOT NULL,
@@ -112,23 +113,24 @@ CREATE TABLE IF NOT EXISTS operators (
 
 META_COLUMNS = 'job_id, operator_id, "window", epoch, size, checksum'
 
-STATE_TABLES = ("state_heads", "state_entries", "state_deltas", "state_delta_entries")
+STATE_TABLES = ("state_heads", "state_entries", "state_deltas", "state_delta_chunks")
 """The tables of operators' keyed state (window deltas compacted into a base):
 
 - ``state_heads``: per operator, the base window (every compacted window)
   with its header, and the newest window held (the head of the chain);
 - ``state_entries``: the base, one row per key (msgpack key and value);
 - ``state_deltas``: windows after the base, each on top of its parent;
-- ``state_delta_entries``: their keys, a NULL value for a deleted key.
-  A rowid table (its key columns in a separate index), unlike the base:
-  a window's entries are inserted together and deleted together by a fold,
-  and a value of up to a page (4 kB) stays in the table's leaf. In a
-  ``WITHOUT ROWID`` table a value over about 1 kB spills into an overflow
-  page of its own, which a key whose value grows with every record (a
-  track, a list) pays for in every window (layout 3; measured: 300
-  windows of 833 keys with values growing to 2.4 kB cost 4.85 CPU-seconds
-  as ``WITHOUT ROWID``, 2.82 as a rowid table, while 200 windows of 1,500
-  random small keys on a 1M-key base went from 4.6 to 4.8).
+- ``state_delta_chunks``: their entries, as the msgpack chunks a PutState
+  carried them in (an array of [stage, key, value], or [stage, key] for a
+  deleted key; key and value each msgpack-encoded), in order; a reader
+  applies them in that order, so a key written twice keeps the later value.
+  A window's entries are written together, read together and deleted
+  together by a fold, and nothing looks up one key of a delta, so a row per
+  chunk, not per key: storing a taxi job's last windows (about 10,000
+  tracks of 800 bytes a state server) took SQLite 130 to 150 ms as a row
+  per key, the longest part of the job's drain (layout 4; layout 3 held a
+  row per key, in a rowid table so that values up to a page stayed in its
+  leaves).
 
 Compaction folds the oldest deltas into the base in one transaction, so a
 crash between storing a delta and folding it leaves base + deltas, which
@@ -187,6 +189,10 @@ class StateWindow:
     header: bytes
     """msgpack of the window's offsets and sequences (opaque to the store)."""
     entries: list[Entry]
+    chunks: list[tuple[bytes, int]] | None = None
+    """The packed chunks (msgpack entries, count) ``entries`` arrived in, when
+    they came in a PutState: a delta stores them as they are. None: packed
+    from ``entries`` when stored."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from gridstream.codec import row_json, unpack
 from gridstream.errors import FailedPrecondition, InvalidArgument
 from gridstream.ids import first_row_version, key_text
 from gridstream.validation import short
-from services.stateserver.chains import array_header
+from services.stateserver.chains import array_header, chunk_entries
 from services.stateserver.layout import VersionedRow
 
 MAX_SOURCES = 64
@@ -102,11 +102,14 @@ async def _current_pages(conn: aiosqlite.Connection, params: tuple[str, str, str
     """Every live (key, value) of one operator's stage, a page at a time:
     the base with each key's newest delta value in its place (a key deleted
     since the base left out), then the keys only the deltas hold."""
-    newer: dict[bytes, bytes | None] = {
-        bytes(k): (None if v is None else bytes(v))
-        for k, v in await conn.execute_fetchall(
-            "SELECT key, value FROM state_delta_entries WHERE job_id = ? AND "
-            'operator_id = ? AND stage = ? ORDER BY "window"', params)}
+    newer: dict[bytes, bytes | None] = {}
+    stage = params[2]
+    for (blob,) in await conn.execute_fetchall(
+            "SELECT entries FROM state_delta_chunks WHERE job_id = ? AND operator_id = ? "
+            'ORDER BY "window", chunk', params[:2]):
+        for entry_stage, key, value in chunk_entries(bytes(blob)):
+            if entry_stage == stage:
+                newer[key] = value
     async with conn.execute(
         "SELECT key, value FROM state_entries WHERE job_id = ? AND operator_id = ? "
         "AND stage = ?", params,

@@ -46,6 +46,7 @@ async def receive_window(first: pb.StateChunk, rest: AsyncIterator[pb.StateChunk
     then the ``rest`` of the stream), every chunk checked; InvalidArgument
     (nothing stored) for a stream that is malformed, corrupt or cut short."""
     entries: list[Entry] = []
+    packed: list[tuple[bytes, int]] = []
     chunk: pb.StateChunk | None = first
     ended = False
     while chunk is not None:
@@ -65,7 +66,10 @@ async def receive_window(first: pb.StateChunk, rest: AsyncIterator[pb.StateChunk
                 f"chunk of {meta.operator_id} window {meta.window} does not match its "
                 "meta.size/meta.checksum (of header + entries); it was corrupted on the way; "
                 "nothing stored")
-        entries.extend(decode_state_entries(chunk.entries, chunk.entry_count))
+        decoded = decode_state_entries(chunk.entries, chunk.entry_count)
+        if decoded:  # checked: stored as it came
+            entries.extend(decoded)
+            packed.append((chunk.entries, len(decoded)))
         ended = chunk.window_end
         chunk = await anext(rest, None)
     if not ended:
@@ -75,7 +79,7 @@ async def receive_window(first: pb.StateChunk, rest: AsyncIterator[pb.StateChunk
         job_id=first.meta.job_id, operator_id=first.meta.operator_id,
         window=first.meta.window, epoch=first.meta.epoch,
         parent=first.parent_window if first.has_parent else None,
-        header=first.header, entries=entries,
+        header=first.header, entries=entries, chunks=packed,
     )
 
 

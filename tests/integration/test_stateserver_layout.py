@@ -38,7 +38,7 @@ def test_a_state_server_refuses_an_older_layout_with_one_line(tmp_path: Path) ->
     )
     output = done.stdout + done.stderr
     assert done.returncode == 2, output
-    assert "layout 2, this one needs 3); move it aside" in output
+    assert "layout 2, this one needs 4); move it aside" in output
     assert "Traceback" not in output
     with sqlite3.connect(data / DB_FILE) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 2

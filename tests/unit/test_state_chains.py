@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
-from gridstream.codec import pack, unpack
+from gridstream.codec import pack, row_json, unpack
 from gridstream.errors import StaleEpoch
 from gridstream.jobspec import Stage
 from gridstream.statewindows import StateWindowRead, StoredState
 from services.stateserver.layout import MissingParent, StateWindow
 from services.stateserver.rows import decode_state_entries
+from services.stateserver.stateresults import read_state_rows
 from services.stateserver.store import SnapshotStore
 from services.worker.operators import DELETED, OperatorChain
 from services.worker.snapshots import apply_stored, pack_changes
@@ -354,6 +355,39 @@ async def test_a_fold_writes_each_key_once_with_its_newest_value(
     assert (first.window, first.epoch, unpack(first.header)) == (3, 4, {"offset": 3})
 
 
+async def test_a_delta_is_stored_as_the_chunks_it_came_in_and_read_in_their_order(
+        store: SnapshotStore) -> None:
+    # A delta keeps the chunks of its PutState as they came (a row each,
+    # nothing stored per key); readers apply them in order, so a key that
+    # two chunks carry keeps the later chunk's value: in a restore, in the
+    # results read from state and in a fold.
+    store.states.auto_compact = False
+    await store.states.put(put_window(0, {"a": 0, "b": 0, "c": 0}))
+    first = [["sum", pack("a"), pack(1)], ["sum", pack("b")]]  # b deleted
+    second = [["sum", pack("a"), pack(2)], ["sum", pack("b"), pack(5)],
+              ["sum", pack("d"), pack(4)]]
+    chunks = [(pack(first), 2), (pack(second), 3)]
+    entries = [e for blob, count in chunks for e in decode_state_entries(blob, count)]
+    assert await store.states.put(
+        StateWindow(JOB, OP, 1, 2, 0, pack({"offset": 1}), entries, chunks))
+    stored = await store._read().execute_fetchall(
+        'SELECT chunk, entries, count FROM state_delta_chunks WHERE job_id = ? AND '
+        "operator_id = ? ORDER BY chunk", (JOB, OP))
+    assert [(n, bytes(blob), count) for n, blob, count in stored] == [
+        (0, chunks[0][0], 2), (1, chunks[1][0], 3)]
+    expected = {"a": 2, "b": 5, "c": 0, "d": 4}
+    assert (await held(store))[1] == expected  # native form, as a worker restores
+    assert [c.entries async for c in store.states.read(JOB, OP, after=0, packed=True)] == [
+        chunks[0][0], chunks[1][0]]  # packed form: the chunks as they came
+    rows = {key: value async for chunk in read_state_rows(store.path, JOB, [("sum", "")],
+                                                          10, 1 << 20)
+            for key, value, _ in chunk}
+    assert rows == {key: row_json(value) for key, value in expected.items()}
+    assert await store.states.compact(JOB, OP, keep=0) == 1
+    assert {unpack(e[1]): unpack(e[2]) async for e in base_rows(store)} == expected
+    assert not await store._read().execute_fetchall("SELECT 1 FROM state_delta_chunks")
+
+
 async def base_rows(store: SnapshotStore) -> AsyncIterator[Any]:
     """The base's rows as stored (stage, key, value)."""
     rows = await store._read().execute_fetchall(
@@ -471,7 +505,7 @@ async def test_a_window_runs_no_statement_that_would_change_nothing(
     assert not [s for s in statements if s.startswith("DELETE")]
     statements.clear()
     assert await store.states.put(await window_of(c, 1, 0))  # nothing touched: empty
-    assert not [s for s in statements if "state_delta_entries" in s]
+    assert not [s for s in statements if "state_delta_chunks" in s]
     assert await restored(store) == {"a": 1, "b": 2}
     other = chain()  # a whole state replacing the chain: what it held goes
     other.process(["z"], [9], "b#9")

@@ -318,7 +318,7 @@ async def test_a_file_of_an_older_layout_is_refused_with_the_fix(tmp_path: Path)
         pass
     with sqlite3.connect(path) as conn:
         conn.execute("PRAGMA user_version=2")
-    with pytest.raises(RuntimeError, match=r"layout 2, this one needs 3\); move it aside"):
+    with pytest.raises(RuntimeError, match=r"layout 2, this one needs 4\); move it aside"):
         await SnapshotStore(path).open()
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
