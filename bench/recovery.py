@@ -66,7 +66,7 @@ from gridstream.config import Config
 from gridstream.examples import wordcount
 from gridstream.ids import partition_for_key
 from gridstream.local import LocalCluster
-from services.stateserver.chains import chunk_entries
+from services.stateserver.entryforms import chunk_entries
 
 PARTITIONS = 12
 RESTART_DELAY_S = 10.0

@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 
-from gridstream.codec import pack, unpack
+from services.stateserver.entryforms import chunk_entries, encode_rows, packed_chunks
 from services.stateserver.groupcommit import Preempted
-from services.stateserver.layout import Entry, MissingParent, StateHead, StateWindow
+from services.stateserver.layout import MissingParent, StateHead, StateWindow
 
 if TYPE_CHECKING:
     from services.stateserver.store import SnapshotStore
@@ -76,24 +76,6 @@ _UPSERT_BASE = (
     "ON CONFLICT (job_id, operator_id, stage, key) DO UPDATE SET value = excluded.value")
 """Writes one key's value into the base (a fold)."""
 
-DELTA_CHUNK_ENTRIES = 5_000
-"""Entries per stored chunk of a delta that did not arrive packed (a peer's
-copy during catch-up), as a worker packs its windows."""
-
-
-def packed_chunks(entries: list[Entry]) -> list[tuple[bytes, int]]:
-    """A delta's entries as stored chunks (msgpack entries, count): an array
-    of [stage, key, value], or [stage, key] for a deleted key."""
-    return [(pack([[s, k] if v is None else [s, k, v]
-                   for s, k, v in entries[start:start + DELTA_CHUNK_ENTRIES]]),
-             len(entries[start:start + DELTA_CHUNK_ENTRIES]))
-            for start in range(0, len(entries), DELTA_CHUNK_ENTRIES)]
-
-
-def chunk_entries(blob: bytes) -> list[Entry]:
-    """The entries of a stored delta chunk, in order."""
-    return [(e[0], e[1], e[2] if len(e) == 3 else None) for e in unpack(blob)]
-
 SLOW_CLAIM_S = 0.1
 """A takeover's claim this slow is logged (it delays the takeover)."""
 
@@ -113,38 +95,6 @@ class StateChunkOut:
     """msgpack array of [stage, key, value] / [stage, key] (deleted)."""
     count: int
     window_end: bool
-
-
-def array_header(n: int) -> bytes:
-    """msgpack array header for ``n`` elements: a reader builds an array out
-    of stored encodings by concatenation, without decoding them."""
-    if n < 16:
-        return bytes([0x90 | n])
-    if n < 1 << 16:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
-
-
-def encode_rows(rows: list[Any], packed: bool) -> bytes:
-    """A chunk's entries from rows of (stage, key bytes, value bytes or None).
-
-    Native form (a worker restoring) is built by concatenating the stored
-    msgpack encodings, so the reader decodes a whole chunk in one C call and
-    the server never decodes a value."""
-    if packed:
-        return pack([[s, k] if v is None else [s, k, v] for s, k, v in rows])
-    stages: dict[str, bytes] = {}
-    parts = [array_header(len(rows))]
-    append = parts.append
-    for stage, key, value in rows:
-        head = stages.get(stage)
-        if head is None:
-            head = stages[stage] = pack(stage)
-        if value is None:
-            append(b"\x92" + head + key)
-        else:
-            append(b"\x93" + head + key + value)
-    return b"".join(parts)
 
 
 async def _head(conn: aiosqlite.Connection, job_id: str, operator_id: str

@@ -28,7 +28,7 @@ from gridstream.codec import row_json, unpack
 from gridstream.errors import FailedPrecondition, InvalidArgument
 from gridstream.ids import first_row_version, key_text
 from gridstream.validation import short
-from services.stateserver.chains import array_header, chunk_entries
+from services.stateserver.entryforms import array_header, chunk_entries
 from services.stateserver.layout import VersionedRow
 
 MAX_SOURCES = 64

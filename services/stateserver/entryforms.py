@@ -1,0 +1,67 @@
+"""The two msgpack forms of a window's entries, and a stored delta's chunks.
+
+An entry is (stage, key, value), key and value each msgpack-encoded on its
+own (the value None for a deleted key). *Packed* form is a msgpack array of
+[stage, key, value] / [stage, key] with key and value as bytes: what a
+worker sends in PutState, what a delta is stored as (a row per chunk, layout
+4, :mod:`services.stateserver.layout`) and what a peer copies. *Native* form
+embeds the key's and value's encodings in the array itself, so a worker
+restoring decodes a whole chunk into its objects in one C call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gridstream.codec import pack, unpack
+from services.stateserver.layout import Entry
+
+
+def array_header(n: int) -> bytes:
+    """msgpack array header for ``n`` elements: a reader builds an array out
+    of stored encodings by concatenation, without decoding them."""
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def encode_rows(rows: list[Any], packed: bool) -> bytes:
+    """A chunk's entries from rows of (stage, key bytes, value bytes or None).
+
+    Native form (a worker restoring) is built by concatenating the stored
+    msgpack encodings, so the reader decodes a whole chunk in one C call and
+    the server never decodes a value."""
+    if packed:
+        return pack([[s, k] if v is None else [s, k, v] for s, k, v in rows])
+    stages: dict[str, bytes] = {}
+    parts = [array_header(len(rows))]
+    append = parts.append
+    for stage, key, value in rows:
+        head = stages.get(stage)
+        if head is None:
+            head = stages[stage] = pack(stage)
+        if value is None:
+            append(b"\x92" + head + key)
+        else:
+            append(b"\x93" + head + key + value)
+    return b"".join(parts)
+
+
+DELTA_CHUNK_ENTRIES = 5_000
+"""Entries per stored chunk of a delta that did not arrive packed (a peer's
+copy during catch-up), as a worker packs its windows."""
+
+
+def packed_chunks(entries: list[Entry]) -> list[tuple[bytes, int]]:
+    """A delta's entries as stored chunks (msgpack entries, count): an array
+    of [stage, key, value], or [stage, key] for a deleted key."""
+    chunks = (entries[start:start + DELTA_CHUNK_ENTRIES]
+              for start in range(0, len(entries), DELTA_CHUNK_ENTRIES))
+    return [(encode_rows(chunk, packed=True), len(chunk)) for chunk in chunks]
+
+
+def chunk_entries(blob: bytes) -> list[Entry]:
+    """The entries of a stored delta chunk, in order."""
+    return [(e[0], e[1], e[2] if len(e) == 3 else None) for e in unpack(blob)]
