@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import random
 import re
 import signal
@@ -66,7 +67,7 @@ from gridstream.config import Config
 from gridstream.examples import wordcount
 from gridstream.ids import partition_for_key
 from gridstream.local import LocalCluster
-from services.stateserver.entryforms import chunk_entries
+from services.stateserver.entryforms import newest_values
 
 PARTITIONS = 12
 RESTART_DELAY_S = 10.0
@@ -203,10 +204,11 @@ def window_bytes(db: Path, job_id: str, after: dict[str, int]
             (op, stage, bytes(key)): nbytes for op, stage, key, nbytes in conn.execute(
                 "SELECT operator_id, stage, key, length(key) + length(value) FROM "
                 "state_entries WHERE operator_id LIKE ?", (f"{job_id}/t1/%",))}
-        for op, blob in conn.execute(
-                'SELECT operator_id, entries FROM state_delta_chunks WHERE operator_id LIKE ? '
-                'ORDER BY operator_id, "window", chunk', (f"{job_id}/t1/%",)):
-            for stage, key, value in chunk_entries(bytes(blob)):
+        rows = conn.execute(
+            'SELECT operator_id, entries FROM state_delta_chunks WHERE operator_id LIKE ? '
+            'ORDER BY operator_id, "window", chunk', (f"{job_id}/t1/%",))
+        for op, chunks in itertools.groupby(rows, key=lambda row: row[0]):
+            for (stage, key), value in newest_values(bytes(c[1]) for c in chunks).items():
                 state[(op, stage, key)] = len(key) + (len(value) if value is not None else 0)
         size, count = sum(state.values()), len(state)
         operators = conn.execute(

@@ -39,7 +39,12 @@ from typing import TYPE_CHECKING, Any
 
 import aiosqlite
 
-from services.stateserver.entryforms import chunk_entries, encode_rows, packed_chunks
+from services.stateserver.entryforms import (
+    chunk_entries,
+    encode_rows,
+    newest_values,
+    packed_chunks,
+)
 from services.stateserver.groupcommit import Preempted
 from services.stateserver.layout import MissingParent, StateHead, StateWindow
 
@@ -364,12 +369,9 @@ class StateChains:
             upto, count, epoch, header = last
             # Each key's newest value among the folded deltas (None: deleted),
             # written to the base once, in (stage, key) order, the base's.
-            newest: dict[tuple[str, bytes], bytes | None] = {}
-            for (blob,) in await conn.execute_fetchall(
-                    'SELECT entries FROM state_delta_chunks WHERE job_id = ? AND operator_id = ? '
-                    'AND "window" <= ? ORDER BY "window", chunk', (*key, upto)):
-                for stage, k, v in chunk_entries(bytes(blob)):
-                    newest[(stage, k)] = v
+            newest = newest_values(bytes(row[0]) for row in await conn.execute_fetchall(
+                'SELECT entries FROM state_delta_chunks WHERE job_id = ? AND operator_id = ? '
+                'AND "window" <= ? ORDER BY "window", chunk', (*key, upto)))
             gone = sorted(entry for entry, v in newest.items() if v is None)
             if gone:
                 await conn.executemany(

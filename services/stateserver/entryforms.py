@@ -11,6 +11,7 @@ restoring decodes a whole chunk into its objects in one C call.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from gridstream.codec import pack, unpack
@@ -65,3 +66,14 @@ def packed_chunks(entries: list[Entry]) -> list[tuple[bytes, int]]:
 def chunk_entries(blob: bytes) -> list[Entry]:
     """The entries of a stored delta chunk, in order."""
     return [(e[0], e[1], e[2] if len(e) == 3 else None) for e in unpack(blob)]
+
+
+def newest_values(blobs: Iterable[bytes]) -> dict[tuple[str, bytes], bytes | None]:
+    """(stage, key) -> the value the last of the stored delta chunks
+    ``blobs`` (oldest first) gives it (None: deleted): what a fold writes
+    into the base, and what a read puts in place of the base's value."""
+    newest: dict[tuple[str, bytes], bytes | None] = {}
+    for blob in blobs:
+        for stage, key, value in chunk_entries(blob):
+            newest[(stage, key)] = value
+    return newest

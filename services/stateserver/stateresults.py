@@ -28,7 +28,7 @@ from gridstream.codec import row_json, unpack
 from gridstream.errors import FailedPrecondition, InvalidArgument
 from gridstream.ids import first_row_version, key_text
 from gridstream.validation import short
-from services.stateserver.entryforms import array_header, chunk_entries
+from services.stateserver.entryforms import array_header, newest_values
 from services.stateserver.layout import VersionedRow
 
 MAX_SOURCES = 64
@@ -102,14 +102,10 @@ async def _current_pages(conn: aiosqlite.Connection, params: tuple[str, str, str
     """Every live (key, value) of one operator's stage, a page at a time:
     the base with each key's newest delta value in its place (a key deleted
     since the base left out), then the keys only the deltas hold."""
-    newer: dict[bytes, bytes | None] = {}
-    stage = params[2]
-    for (blob,) in await conn.execute_fetchall(
+    newer = {key: value for (stage, key), value in newest_values(
+        bytes(row[0]) for row in await conn.execute_fetchall(
             "SELECT entries FROM state_delta_chunks WHERE job_id = ? AND operator_id = ? "
-            'ORDER BY "window", chunk', params[:2]):
-        for entry_stage, key, value in chunk_entries(bytes(blob)):
-            if entry_stage == stage:
-                newer[key] = value
+            'ORDER BY "window", chunk', params[:2])).items() if stage == params[2]}
     async with conn.execute(
         "SELECT key, value FROM state_entries WHERE job_id = ? AND operator_id = ? "
         "AND stage = ?", params,

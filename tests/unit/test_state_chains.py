@@ -20,7 +20,13 @@ from gridstream.codec import pack, row_json, unpack
 from gridstream.errors import StaleEpoch
 from gridstream.jobspec import Stage
 from gridstream.statewindows import StateWindowRead, StoredState
-from services.stateserver.layout import MissingParent, StateWindow
+from services.stateserver.entryforms import (
+    DELTA_CHUNK_ENTRIES,
+    chunk_entries,
+    newest_values,
+    packed_chunks,
+)
+from services.stateserver.layout import Entry, MissingParent, StateWindow
 from services.stateserver.rows import decode_state_entries
 from services.stateserver.stateresults import read_state_rows
 from services.stateserver.store import SnapshotStore
@@ -386,6 +392,17 @@ async def test_a_delta_is_stored_as_the_chunks_it_came_in_and_read_in_their_orde
     assert await store.states.compact(JOB, OP, keep=0) == 1
     assert {unpack(e[1]): unpack(e[2]) async for e in base_rows(store)} == expected
     assert not await store._read().execute_fetchall("SELECT 1 FROM state_delta_chunks")
+
+
+def test_a_delta_that_did_not_come_packed_is_cut_into_chunks_that_read_back_whole() -> None:
+    # A peer's copy arrives decoded and is packed again, DELTA_CHUNK_ENTRIES
+    # entries a chunk: every entry comes back, in order, a delete included.
+    entries: list[Entry] = [("s", pack(i), pack(i * 2)) for i in range(DELTA_CHUNK_ENTRIES + 2)]
+    entries[-1] = ("s", pack("gone"), None)
+    chunks = packed_chunks(entries)
+    assert [count for _, count in chunks] == [DELTA_CHUNK_ENTRIES, 2]
+    assert [e for blob, _ in chunks for e in chunk_entries(blob)] == entries
+    assert newest_values(blob for blob, _ in chunks)[("s", pack("gone"))] is None
 
 
 async def base_rows(store: SnapshotStore) -> AsyncIterator[Any]:
