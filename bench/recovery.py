@@ -205,10 +205,11 @@ def window_bytes(db: Path, job_id: str, after: dict[str, int]
                 "SELECT operator_id, stage, key, length(key) + length(value) FROM "
                 "state_entries WHERE operator_id LIKE ?", (f"{job_id}/t1/%",))}
         rows = conn.execute(
-            'SELECT operator_id, entries FROM state_delta_chunks WHERE operator_id LIKE ? '
-            'ORDER BY operator_id, "window", chunk', (f"{job_id}/t1/%",))
+            'SELECT operator_id, "window", chunk, entries FROM state_delta_chunks WHERE '
+            'operator_id LIKE ? ORDER BY operator_id, "window", chunk', (f"{job_id}/t1/%",))
         for op, chunks in itertools.groupby(rows, key=lambda row: row[0]):
-            for (stage, key), value in newest_values(bytes(c[1]) for c in chunks).items():
+            for (stage, key), value in newest_values(
+                    ((c[1], c[2], bytes(c[3])) for c in chunks), op).items():
                 state[(op, stage, key)] = len(key) + (len(value) if value is not None else 0)
         size, count = sum(state.values()), len(state)
         operators = conn.execute(

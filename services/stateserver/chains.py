@@ -369,9 +369,11 @@ class StateChains:
             upto, count, epoch, header = last
             # Each key's newest value among the folded deltas (None: deleted),
             # written to the base once, in (stage, key) order, the base's.
-            newest = newest_values(bytes(row[0]) for row in await conn.execute_fetchall(
-                'SELECT entries FROM state_delta_chunks WHERE job_id = ? AND operator_id = ? '
-                'AND "window" <= ? ORDER BY "window", chunk', (*key, upto)))
+            newest = newest_values(
+                ((int(row[0]), int(row[1]), bytes(row[2])) for row in await conn.execute_fetchall(
+                    'SELECT "window", chunk, entries FROM state_delta_chunks WHERE job_id = ? '
+                    'AND operator_id = ? AND "window" <= ? ORDER BY "window", chunk',
+                    (*key, upto))), operator_id)
             gone = sorted(entry for entry, v in newest.items() if v is None)
             if gone:
                 await conn.executemany(
@@ -537,7 +539,9 @@ class StateChains:
             while row := await cursor.fetchone():
                 blob, count = bytes(row[0]), int(row[1])
                 yield StateChunkOut(window, epoch, parent, header if index == 0 else b"",
-                                    blob if packed else encode_rows(chunk_entries(blob), False),
+                                    blob if packed else encode_rows(chunk_entries(
+                                        blob, f"{key[1]}: chunk {index} of stored window "
+                                        f"{window}"), False),
                                     count, index == chunks - 1)
                 index += 1
 

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gridstream.codec import pack, unpack
-from services.stateserver.layout import Entry
+from services.stateserver.layout import ChunkUnreadable, Entry
 
 
 def array_header(n: int) -> bytes:
@@ -63,17 +63,29 @@ def packed_chunks(entries: list[Entry]) -> list[tuple[bytes, int]]:
     return [(encode_rows(chunk, packed=True), len(chunk)) for chunk in chunks]
 
 
-def chunk_entries(blob: bytes) -> list[Entry]:
-    """The entries of a stored delta chunk, in order."""
-    return [(e[0], e[1], e[2] if len(e) == 3 else None) for e in unpack(blob)]
+def chunk_entries(blob: bytes, where: str = "a stored delta chunk") -> list[Entry]:
+    """The entries of a stored delta chunk, in order. Entries are checked
+    before they are stored, so a chunk that no longer reads as entries was
+    damaged on disk since: :class:`ChunkUnreadable` (DATA_LOSS) naming
+    ``where``, so that a reader takes another replica's copy."""
+    try:
+        return [(e[0], e[1], e[2] if len(e) == 3 else None) for e in unpack(blob)]
+    except Exception as exc:  # msgpack raises several unrelated types; so does a bad shape
+        raise ChunkUnreadable(
+            f"{where} no longer reads as state entries ({type(exc).__name__}: {exc}): the "
+            "data file was damaged after the chunk was checked and stored; read this "
+            "operator's state from another replica, or restore the file") from None
 
 
-def newest_values(blobs: Iterable[bytes]) -> dict[tuple[str, bytes], bytes | None]:
-    """(stage, key) -> the value the last of the stored delta chunks
-    ``blobs`` (oldest first) gives it (None: deleted): what a fold writes
-    into the base, and what a read puts in place of the base's value."""
+def newest_values(chunks: Iterable[tuple[int, int, bytes]], operator_id: str
+                  ) -> dict[tuple[str, bytes], bytes | None]:
+    """(stage, key) -> the value the last of the stored delta chunks gives
+    it (None: deleted), ``chunks`` as (window, chunk number, entries),
+    oldest first: what a fold writes into the base, and what a read puts in
+    place of the base's value."""
     newest: dict[tuple[str, bytes], bytes | None] = {}
-    for blob in blobs:
-        for stage, key, value in chunk_entries(blob):
+    for window, number, blob in chunks:
+        for stage, key, value in chunk_entries(
+                blob, f"{operator_id}: chunk {number} of stored window {window}"):
             newest[(stage, key)] = value
     return newest

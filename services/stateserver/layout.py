@@ -146,6 +146,13 @@ class SnapshotCorrupted(DataLoss):
     """A stored snapshot no longer matches its checksum; it is never handed out."""
 
 
+class ChunkUnreadable(DataLoss):
+    """A stored chunk of a window delta that no longer decodes as entries:
+    checked on arrival, so damaged on disk since. A read refuses it with
+    DATA_LOSS (a reader then takes another replica's copy) and a fold leaves
+    the chain as it is, rather than hand out or fold half a window."""
+
+
 @dataclass(frozen=True, slots=True)
 class SnapshotMeta:
     """What identifies and guards one window snapshot (mirrors the proto message)."""

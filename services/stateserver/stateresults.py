@@ -103,9 +103,10 @@ async def _current_pages(conn: aiosqlite.Connection, params: tuple[str, str, str
     the base with each key's newest delta value in its place (a key deleted
     since the base left out), then the keys only the deltas hold."""
     newer = {key: value for (stage, key), value in newest_values(
-        bytes(row[0]) for row in await conn.execute_fetchall(
-            "SELECT entries FROM state_delta_chunks WHERE job_id = ? AND operator_id = ? "
-            'ORDER BY "window", chunk', params[:2])).items() if stage == params[2]}
+        ((int(row[0]), int(row[1]), bytes(row[2])) for row in await conn.execute_fetchall(
+            'SELECT "window", chunk, entries FROM state_delta_chunks WHERE job_id = ? '
+            'AND operator_id = ? ORDER BY "window", chunk', params[:2])),
+        params[1]).items() if stage == params[2]}
     async with conn.execute(
         "SELECT key, value FROM state_entries WHERE job_id = ? AND operator_id = ? "
         "AND stage = ?", params,

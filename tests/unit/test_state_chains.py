@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -26,7 +27,7 @@ from services.stateserver.entryforms import (
     newest_values,
     packed_chunks,
 )
-from services.stateserver.layout import Entry, MissingParent, StateWindow
+from services.stateserver.layout import ChunkUnreadable, Entry, MissingParent, StateWindow
 from services.stateserver.rows import decode_state_entries
 from services.stateserver.stateresults import read_state_rows
 from services.stateserver.store import SnapshotStore
@@ -402,7 +403,36 @@ def test_a_delta_that_did_not_come_packed_is_cut_into_chunks_that_read_back_whol
     chunks = packed_chunks(entries)
     assert [count for _, count in chunks] == [DELTA_CHUNK_ENTRIES, 2]
     assert [e for blob, _ in chunks for e in chunk_entries(blob)] == entries
-    assert newest_values(blob for blob, _ in chunks)[("s", pack("gone"))] is None
+    assert newest_values(((7, n, blob) for n, (blob, _) in enumerate(chunks)),
+                         OP)[("s", pack("gone"))] is None
+
+
+async def test_a_stored_chunk_damaged_on_disk_is_refused_as_data_loss_naming_it(
+        tmp_path: Path) -> None:
+    # Entries are checked on arrival; a chunk that no longer reads as entries
+    # was damaged on disk since. Every reader of it (a restore, results from
+    # state, a fold) refuses it as DATA_LOSS naming the operator, window and
+    # chunk, so a reader goes to another replica, and the fold keeps the chain.
+    path = tmp_path / "state.sqlite3"
+    async with SnapshotStore(path, max_deltas=3) as opened:
+        opened.states.auto_compact = False
+        await opened.states.put(put_window(0, {"a": 0}))
+        await opened.states.put(put_window(1, {"a": 1, "b": 2}))
+    with sqlite3.connect(path) as conn:  # damage the stored bytes behind the store's back
+        changed = conn.execute('UPDATE state_delta_chunks SET entries = ? WHERE "window" = 1',
+                               (b"\xc1not msgpack",)).rowcount
+    assert changed == 1
+    named = rf"{OP}: chunk 0 of stored window 1 no longer reads as state entries"
+    async with SnapshotStore(path, max_deltas=3) as reopened:
+        reopened.states.auto_compact = False
+        with pytest.raises(ChunkUnreadable, match=named):
+            await held(reopened)
+        with pytest.raises(ChunkUnreadable, match=named):
+            [chunk async for chunk in read_state_rows(path, JOB, [("sum", "")], 10, 1 << 20)]
+        with pytest.raises(ChunkUnreadable, match=named):
+            await reopened.states.compact(JOB, OP, keep=0)
+        assert len(list(await reopened._read().execute_fetchall(
+            "SELECT 1 FROM state_delta_chunks"))) == 1  # the fold left the chain as it was
 
 
 async def base_rows(store: SnapshotStore) -> AsyncIterator[Any]:
