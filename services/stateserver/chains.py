@@ -41,12 +41,13 @@ import aiosqlite
 
 from services.stateserver.entryforms import (
     chunk_entries,
+    chunk_place,
     encode_rows,
     newest_values,
     packed_chunks,
 )
 from services.stateserver.groupcommit import Preempted
-from services.stateserver.layout import MissingParent, StateHead, StateWindow
+from services.stateserver.layout import ChunkUnreadable, MissingParent, StateHead, StateWindow
 
 if TYPE_CHECKING:
     from services.stateserver.store import SnapshotStore
@@ -442,6 +443,9 @@ class StateChains:
                              operator_id)
                     self._due.add((job_id, operator_id))
                     self._wake.set()
+                except ChunkUnreadable as exc:  # named in full; no traceback to add
+                    log.error("compacting the state of %s failed (%s); will retry after its "
+                              "next window", operator_id, exc)
                 except Exception:
                     log.exception("compacting the state of %s failed; will retry after its "
                                   "next window", operator_id)
@@ -540,8 +544,7 @@ class StateChains:
                 blob, count = bytes(row[0]), int(row[1])
                 yield StateChunkOut(window, epoch, parent, header if index == 0 else b"",
                                     blob if packed else encode_rows(chunk_entries(
-                                        blob, f"{key[1]}: chunk {index} of stored window "
-                                        f"{window}"), False),
+                                        blob, chunk_place(key[1], window, index)), False),
                                     count, index == chunks - 1)
                 index += 1
 

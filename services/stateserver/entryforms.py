@@ -63,6 +63,11 @@ def packed_chunks(entries: list[Entry]) -> list[tuple[bytes, int]]:
     return [(encode_rows(chunk, packed=True), len(chunk)) for chunk in chunks]
 
 
+def chunk_place(operator_id: str, window: int, number: int) -> str:
+    """How errors name one stored chunk of a delta."""
+    return f"{operator_id}: chunk {number} of stored window {window}"
+
+
 def chunk_entries(blob: bytes, where: str = "a stored delta chunk") -> list[Entry]:
     """The entries of a stored delta chunk, in order. Entries are checked
     before they are stored, so a chunk that no longer reads as entries was
@@ -85,7 +90,6 @@ def newest_values(chunks: Iterable[tuple[int, int, bytes]], operator_id: str
     place of the base's value."""
     newest: dict[tuple[str, bytes], bytes | None] = {}
     for window, number, blob in chunks:
-        for stage, key, value in chunk_entries(
-                blob, f"{operator_id}: chunk {number} of stored window {window}"):
+        for stage, key, value in chunk_entries(blob, chunk_place(operator_id, window, number)):
             newest[(stage, key)] = value
     return newest
