@@ -527,26 +527,29 @@ class StateChains:
     ) -> AsyncIterator[StateChunkOut]:
         """One delta's stored chunks, in order (each as big as its writer
         packed it); the header rides on the first. Native form is built
-        from each chunk's entries as :func:`encode_rows` builds it."""
-        rows = list(await conn.execute_fetchall(
-            'SELECT COUNT(*) FROM state_delta_chunks WHERE job_id = ? AND operator_id = ? '
-            'AND "window" = ?', (*key, window)))
-        chunks = int(rows[0][0])
-        if not chunks:
-            yield StateChunkOut(window, epoch, parent, header, encode_rows([], packed), 0, True)
-            return
+        from each chunk's entries as :func:`encode_rows` builds it. A chunk
+        goes out once the next is read, so the last one is marked without
+        counting them first; at most two are held."""
+
+        def out(index: int, blob: bytes, count: int, last: bool) -> StateChunkOut:
+            entries = blob if packed else encode_rows(
+                chunk_entries(blob, chunk_place(key[1], window, index)), False)
+            return StateChunkOut(window, epoch, parent, header if index == 0 else b"",
+                                 entries, count, last)
+
+        held: tuple[int, bytes, int] | None = None
         async with conn.execute(
             'SELECT entries, count FROM state_delta_chunks WHERE job_id = ? AND operator_id = ? '
             'AND "window" = ? ORDER BY chunk', (*key, window),
         ) as cursor:
-            index = 0
             while row := await cursor.fetchone():
-                blob, count = bytes(row[0]), int(row[1])
-                yield StateChunkOut(window, epoch, parent, header if index == 0 else b"",
-                                    blob if packed else encode_rows(chunk_entries(
-                                        blob, chunk_place(key[1], window, index)), False),
-                                    count, index == chunks - 1)
-                index += 1
+                if held is not None:
+                    yield out(*held, last=False)
+                held = (0 if held is None else held[0] + 1, bytes(row[0]), int(row[1]))
+        if held is None:  # a delta that changed no key
+            yield StateChunkOut(window, epoch, parent, header, encode_rows([], packed), 0, True)
+        else:
+            yield out(*held, last=True)
 
     async def _window_chunks(
         self, conn: aiosqlite.Connection, sql: str, params: tuple[Any, ...], window: int,

@@ -384,8 +384,10 @@ async def test_a_delta_is_stored_as_the_chunks_it_came_in_and_read_in_their_orde
         (0, chunks[0][0], 2), (1, chunks[1][0], 3)]
     expected = {"a": 2, "b": 5, "c": 0, "d": 4}
     assert (await held(store))[1] == expected  # native form, as a worker restores
-    assert [c.entries async for c in store.states.read(JOB, OP, after=0, packed=True)] == [
-        chunks[0][0], chunks[1][0]]  # packed form: the chunks as they came
+    read = [c async for c in store.states.read(JOB, OP, after=0, packed=True)]
+    assert [c.entries for c in read] == [chunks[0][0], chunks[1][0]]  # as they came
+    assert [(c.window, c.window_end, bool(c.header)) for c in read] == [
+        (1, False, True), (1, True, False)]  # the header on the first, the end on the last
     rows = {key: value async for chunk in read_state_rows(store.path, JOB, [("sum", "")],
                                                           10, 1 << 20)
             for key, value, _ in chunk}
@@ -393,6 +395,20 @@ async def test_a_delta_is_stored_as_the_chunks_it_came_in_and_read_in_their_orde
     assert await store.states.compact(JOB, OP, keep=0) == 1
     assert {unpack(e[1]): unpack(e[2]) async for e in base_rows(store)} == expected
     assert not await store._read().execute_fetchall("SELECT 1 FROM state_delta_chunks")
+
+
+async def test_a_delta_that_changed_no_key_reads_back_as_one_empty_ended_chunk(
+        store: SnapshotStore) -> None:
+    # A window in which no key changed still moves the offsets: its header
+    # must come back, in one chunk that ends the window, in both forms.
+    store.states.auto_compact = False
+    await store.states.put(put_window(0, {"a": 0}))
+    await store.states.put(put_window(1, {}))
+    for packed in (True, False):
+        read = [c async for c in store.states.read(JOB, OP, after=0, packed=packed)]
+        assert [(c.window, c.count, c.window_end, unpack(c.header)) for c in read] == [
+            (1, 0, True, {"offset": 1})]
+        assert unpack(read[0].entries) == []
 
 
 def test_a_delta_that_did_not_come_packed_is_cut_into_chunks_that_read_back_whole() -> None:
