@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Any
 import aiosqlite
 
 from services.stateserver.entryforms import (
-    chunk_entries,
     chunk_place,
     encode_rows,
     newest_values,
     packed_chunks,
+    unpack_chunk,
 )
 from services.stateserver.groupcommit import Preempted
 from services.stateserver.layout import ChunkUnreadable, MissingParent, StateHead, StateWindow
@@ -533,7 +533,7 @@ class StateChains:
 
         def out(index: int, blob: bytes, count: int, last: bool) -> StateChunkOut:
             entries = blob if packed else encode_rows(
-                chunk_entries(blob, chunk_place(key[1], window, index)), False)
+                unpack_chunk(blob, chunk_place(key[1], window, index)), False)
             return StateChunkOut(window, epoch, parent, header if index == 0 else b"",
                                  entries, count, last)
 

@@ -68,7 +68,7 @@ def chunk_place(operator_id: str, window: int, number: int) -> str:
     return f"{operator_id}: chunk {number} of stored window {window}"
 
 
-def chunk_entries(blob: bytes, where: str = "a stored delta chunk") -> list[Entry]:
+def unpack_chunk(blob: bytes, where: str = "a stored delta chunk") -> list[Entry]:
     """The entries of a stored delta chunk, in order. Entries are checked
     before they are stored, so a chunk that no longer reads as entries was
     damaged on disk since: :class:`ChunkUnreadable` (DATA_LOSS) naming
@@ -90,6 +90,6 @@ def newest_values(chunks: Iterable[tuple[int, int, bytes]], operator_id: str
     place of the base's value."""
     newest: dict[tuple[str, bytes], bytes | None] = {}
     for window, number, blob in chunks:
-        for stage, key, value in chunk_entries(blob, chunk_place(operator_id, window, number)):
+        for stage, key, value in unpack_chunk(blob, chunk_place(operator_id, window, number)):
             newest[(stage, key)] = value
     return newest

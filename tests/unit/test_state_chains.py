@@ -23,9 +23,9 @@ from gridstream.jobspec import Stage
 from gridstream.statewindows import StateWindowRead, StoredState
 from services.stateserver.entryforms import (
     DELTA_CHUNK_ENTRIES,
-    chunk_entries,
     newest_values,
     packed_chunks,
+    unpack_chunk,
 )
 from services.stateserver.layout import ChunkUnreadable, Entry, MissingParent, StateWindow
 from services.stateserver.rows import decode_state_entries
@@ -418,7 +418,7 @@ def test_a_delta_that_did_not_come_packed_is_cut_into_chunks_that_read_back_whol
     entries[-1] = ("s", pack("gone"), None)
     chunks = packed_chunks(entries)
     assert [count for _, count in chunks] == [DELTA_CHUNK_ENTRIES, 2]
-    assert [e for blob, _ in chunks for e in chunk_entries(blob)] == entries
+    assert [e for blob, _ in chunks for e in unpack_chunk(blob)] == entries
     assert newest_values(((7, n, blob) for n, (blob, _) in enumerate(chunks)),
                          OP)[("s", pack("gone"))] is None
 
