@@ -93,8 +93,12 @@ class CallStreams(Generic[RequestT, ResponseT]):
 
     async def _exchange(self, address: str, request: RequestT) -> ResponseT:
         """Writes ``request`` on the peer's stream and reads its answer. A
-        stream kept from an earlier call that turns out to have ended meanwhile
-        (the peer restarted) took nothing: the request goes on a new one."""
+        stream kept from an earlier call that the write finds ended (the peer
+        restarted) took nothing: the request goes on a new one. When only the
+        read finds it ended (the write went out before the old stream's status
+        reached this process), the call fails with that status, as a unary
+        call to a restarting peer does, and the caller's retry goes on a new
+        stream (``call`` drops the ended one)."""
         stream = self._streams.get(address)
         if stream is not None and not stream.done():
             try:
