@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-import json
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence, Sized
@@ -32,7 +31,6 @@ from gridstream.config import SecurityConfig
 from gridstream.control import ControlCalls
 from gridstream.errors import (
     BATCH_TOO_LARGE,
-    DataLoss,
     DeadlineExceeded,
     FailedPrecondition,
     GridstreamError,
@@ -66,7 +64,7 @@ from gridstream.v1 import (
     worker_pb2,
     worker_pb2_grpc,
 )
-from gridstream.validation import MAX_CLIENT_SEQUENCE, check_nesting, check_path_id, short
+from gridstream.validation import MAX_CLIENT_SEQUENCE, check_nesting, check_path_id
 
 DEFAULT_BATCH_SIZE = 20_000
 """Records per push at most. Every push costs a round trip, a replication and
@@ -543,13 +541,7 @@ class Client(ControlCalls):
                 raise InvalidArgument(str(exc.args[0])) from None
         await self._state.routing.refresh()
         rows = await self._state.read_results(job_id, state_result_sources(info.spec))
-        results: dict[str, Any] = {}
-        for key, (value, _version) in rows.items():
-            try:
-                results[key] = json.loads(value)
-            except (ValueError, RecursionError):
-                raise DataLoss(f"job {job_id}: the stored value of key {short(key)} is not "
-                               f"valid JSON ({short(value)})") from None
+        results = {key: value for key, (value, _version) in rows.items()}
         return results if sink is None else sink_rows(info.spec, results, sink)
 
     async def dead_letters(self, job_id: str) -> list[DeadLetter]:

@@ -113,6 +113,37 @@ def row_json(value: Any) -> str:
     return _ROW_ENCODER.encode(value)
 
 
+_JSON_AS_IS = frozenset((str, int, float, bool, type(None)))
+"""Types a JSON round trip gives back unchanged (an int: msgpack holds none
+beyond 64 bits)."""
+
+
+def _unchanged_by_json(value: Any) -> bool:
+    kind = type(value)
+    if kind in _JSON_AS_IS:
+        return True
+    if kind is list:
+        return all(map(_unchanged_by_json, value))
+    if kind is dict:
+        return all(type(k) is str and _unchanged_by_json(v) for k, v in value.items())
+    return False
+
+
+def as_row_value(value: Any) -> Any:
+    """A decoded msgpack value as a reader of its result row's JSON
+    (:func:`row_json`, then ``json.loads``) would see it: the value itself
+    when JSON would change nothing (text, numbers, lists and text-keyed maps
+    of them: the common case, checked without encoding anything), else
+    its JSON round trip (a map's int keys become text, bytes their repr).
+    Raises ValueError for a value nested too deeply for JSON."""
+    try:
+        if _unchanged_by_json(value):
+            return value
+        return json.loads(row_json(value))
+    except RecursionError:
+        raise ValueError("the value is nested too deeply to be shown as JSON") from None
+
+
 def pack(obj: Any) -> bytes:
     """msgpack for internal blobs (snapshots, result rows)."""
     return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]

@@ -12,6 +12,7 @@ good one exists.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -20,6 +21,7 @@ import grpc
 
 from gridstream import codec, rpc
 from gridstream.errors import (
+    DataLoss,
     GridstreamError,
     InvalidArgument,
     NotFound,
@@ -35,6 +37,7 @@ from gridstream.placement import Holdings, ReplicaSet, replicas_ahead
 from gridstream.routing import RoutingView
 from gridstream.statewindows import StoredState, read_state, state_messages, state_timeout_s
 from gridstream.v1 import stateserver_pb2, stateserver_pb2_grpc
+from gridstream.validation import short
 
 log = logging.getLogger(__name__)
 
@@ -470,29 +473,35 @@ class ReplicaClient:
         return best
 
     async def read_results(self, job_id: str, from_state: Sequence[tuple[str, str]] = ()
-                           ) -> dict[str, tuple[str, int]]:
-        """key -> (JSON value, version): the rows of as many replicas as the
-        read rule needs (:meth:`_ask_enough`; one by default), merged with the
-        newest version winning; with the rows of the reduces in ``from_state`` ((stage,
-        key prefix) pairs, :func:`gridstream.taskplan.state_result_sources`)
-        read from their stored state."""
-        merged: dict[str, tuple[str, int]] = {}
+                           ) -> dict[str, tuple[Any, int]]:
+        """key -> (value, version): the rows of as many replicas as the read
+        rule needs (:meth:`_ask_enough`; one by default), merged with the
+        newest version winning; with the rows of the reduces in
+        ``from_state`` ((stage, key prefix) pairs,
+        :func:`gridstream.taskplan.state_result_sources`) read from their
+        stored state. Each value is as its row's JSON shows it: a written
+        row's JSON text parsed, a row read from state unpacked from msgpack
+        (:func:`gridstream.codec.as_row_value`). Only the winning rows are
+        decoded; a value that cannot be is DataLoss naming its key."""
+        merged: dict[str, tuple[Any, int, bool]] = {}
         request = stateserver_pb2.ReadResultsRequest(job_id=job_id, from_state=[
             stateserver_pb2.ResultsFromState(stage=stage, key_prefix=prefix)
-            for stage, prefix in from_state])
+            for stage, prefix in from_state], state_values_packed=True)
 
         async def read(stub: stateserver_pb2_grpc.StateServerStub) -> None:
             async for chunk in rpc.idle_stream(
                 stub.ReadResults(request),
                 f"reading results of {job_id}",
             ):
+                packed = chunk.values_packed
                 for key, value, version in codec.unpack(chunk.rows):
                     held = merged.get(key)
                     if held is None or version >= held[1]:
-                        merged[key] = (value, version)
+                        merged[key] = (value, version, packed)
 
         await self._read_job(f"reading results of {job_id}", job_id, read)
-        return merged
+        return {key: (_row_value(job_id, key, value, packed), version)
+                for key, (value, version, packed) in merged.items()}
 
     async def read_dead_letters(self, job_id: str) -> list[tuple[str, str, str, str]]:
         """A job's dead letters, one per id, from as many replicas as the read
@@ -517,6 +526,21 @@ class ReplicaClient:
             task.cancel()
         await asyncio.gather(*stragglers, return_exceptions=True)
         self._stragglers.clear()
+
+
+def _row_value(job_id: str, key: str, value: Any, packed: bool) -> Any:
+    """A result row's value as its JSON shows it (see :meth:`ReplicaClient.read_results`)."""
+    if packed:
+        try:
+            return codec.as_row_value(value)
+        except ValueError as exc:
+            raise DataLoss(f"job {job_id}: the stored value of key {short(key)} cannot be "
+                           f"shown as JSON ({exc})") from None
+    try:
+        return json.loads(value)
+    except (TypeError, ValueError, RecursionError):
+        raise DataLoss(f"job {job_id}: the stored value of key {short(key)} is not "
+                       f"valid JSON ({short(str(value))})") from None
 
 
 async def _latest_or_corrupt(

@@ -25,7 +25,11 @@ from gridstream.validation import check_id, check_path_id
 from services.stateserver.directory import JobDirectory
 from services.stateserver.layout import OperatorHoldings, SnapshotMeta
 from services.stateserver.rows import decode_dead_letters, decode_rows, encode_entries
-from services.stateserver.stateresults import check_sources, read_state_rows
+from services.stateserver.stateresults import (
+    check_sources,
+    read_packed_state_rows,
+    read_state_rows,
+)
 from services.stateserver.statewire import first_chunk, receive_window, send_chunk
 from services.stateserver.store import DEFAULT_CHUNK_BYTES, DEFAULT_CHUNK_ROWS, SnapshotStore
 
@@ -251,6 +255,13 @@ class StateServerServicer(stateserver_pb2_grpc.StateServerServicer):
         async for chunk in self._store.read_results(request.job_id, self._chunk_rows):
             await context.write(pb.ReadResultsChunk(rows=encode_entries(chunk),
                                                     row_count=len(chunk)))
+        if request.state_values_packed:  # the stored bytes and a few per row
+            async for rows, count in read_packed_state_rows(
+                    self._store.path, request.job_id, sources, self._chunk_rows,
+                    DEFAULT_CHUNK_BYTES):
+                await context.write(pb.ReadResultsChunk(rows=rows, row_count=count,
+                                                        values_packed=True))
+            return
         # A quarter of the byte limit: a value's JSON may be longer than its msgpack.
         async for chunk in read_state_rows(self._store.path, request.job_id, sources,
                                            self._chunk_rows, DEFAULT_CHUNK_BYTES // 4):

@@ -12,7 +12,10 @@ The reader of a job's results names those reduces (it knows the job's plan);
 this module turns their stored state into rows as the worker would have
 written them: the key's text under the sink's prefix, the value's JSON, and
 the version of the operator's newest stored window, so that merging the
-replicas keeps the newest window's rows.
+replicas keeps the newest window's rows. A reader that asks for
+``state_values_packed`` gets each value as the state stores it (msgpack)
+instead of its JSON: for long values (a taxi job's tracks) writing JSON here
+and parsing it again in the reader was most of the read's CPU.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 import aiosqlite
 
-from gridstream.codec import row_json, unpack
+from gridstream.codec import pack, row_json, unpack
 from gridstream.errors import FailedPrecondition, InvalidArgument
 from gridstream.ids import first_row_version, key_text
 from gridstream.validation import short
@@ -76,25 +79,53 @@ def _decoded(key: bytes, value: bytes, operator_id: str) -> tuple[Any, Any]:
             f"({type(exc).__name__}: {exc}); the sink cannot show it") from None
 
 
-def _rows_of(pairs: list[tuple[bytes, bytes]], prefix: str, version: int,
-             operator_id: str) -> list[VersionedRow]:
-    """Rows of (msgpack key, msgpack value) pairs, decoded in one C call."""
+def _decoded_pairs(pairs: list[tuple[bytes, bytes]], operator_id: str) -> list[Any]:
+    """(key, value) of each stored pair, decoded in one C call (which also
+    checks them); a pair that does not decode is named by its key."""
     blob = array_header(len(pairs)) + b"".join(b"\x92" + k + v for k, v in pairs)
     try:
-        decoded = unpack(blob)
+        return unpack(blob)  # type: ignore[no-any-return]
     except Exception:  # msgpack raises several unrelated types; find the entry
-        decoded = [_decoded(key, value, operator_id) for key, value in pairs]
+        return [_decoded(key, value, operator_id) for key, value in pairs]
+
+
+def _row_key(key: Any, prefix: str) -> str:
+    """A row's key: the state key's text under the sink's prefix."""
+    return prefix + (key if type(key) is str else key_text(_hashable(key)))
+
+
+def _rows_of(pairs: list[tuple[bytes, bytes]], prefix: str, version: int,
+             operator_id: str) -> list[VersionedRow]:
+    """Rows of (msgpack key, msgpack value) pairs, values as JSON text."""
     rows: list[VersionedRow] = []
     append = rows.append
-    for key, value in decoded:
-        text = key if type(key) is str else key_text(_hashable(key))
+    for key, value in _decoded_pairs(pairs, operator_id):
+        text = _row_key(key, prefix)
         try:
-            append((prefix + text, row_json(value), version))
+            append((text, row_json(value), version))
         except (TypeError, ValueError, RecursionError) as exc:
             raise FailedPrecondition(
                 f"{operator_id}: the stored value of key {short(text)} cannot be written as "
                 f"JSON ({type(exc).__name__}: {exc}); the sink cannot show it") from None
     return rows
+
+
+def _packed_rows_of(pairs: list[tuple[bytes, bytes]], prefix: str, version: int,
+                    operator_id: str) -> bytes:
+    """A ReadResultsChunk.rows array of [key, value, version] with each
+    value's stored msgpack spliced in as it is (``values_packed``): no
+    value is turned into JSON here nor parsed from JSON by the reader. The
+    pairs are still decoded (one C call) to check them and read the keys;
+    a text key without a prefix is spliced in as stored too."""
+    decoded = _decoded_pairs(pairs, operator_id)
+    tail = pack(version)
+    parts = [array_header(len(pairs))]
+    append = parts.append
+    for (key, _value), (stored_key, stored_value) in zip(decoded, pairs, strict=True):
+        packed_key = (stored_key if type(key) is str and not prefix
+                      else pack(_row_key(key, prefix)))
+        append(b"\x93" + packed_key + stored_value + tail)
+    return b"".join(parts)
 
 
 async def _current_pages(conn: aiosqlite.Connection, params: tuple[str, str, str],
@@ -122,13 +153,11 @@ async def _current_pages(conn: aiosqlite.Connection, params: tuple[str, str, str
     yield [(key, value) for key, value in newer.items() if value is not None]
 
 
-async def read_state_rows(
+async def _state_pages(
     path: str | Path, job_id: str, sources: Sequence[tuple[str, str]], chunk_rows: int,
     chunk_bytes: int,
-) -> AsyncIterator[list[VersionedRow]]:
-    """The rows of ``sources`` ((reduce stage, key prefix) pairs) in every
-    operator of ``job_id`` holding state, in chunks of at most ``chunk_rows``
-    rows and about ``chunk_bytes``.
+) -> AsyncIterator[tuple[list[tuple[bytes, bytes]], str, int, str]]:
+    """(pairs, key prefix, row version, operator) chunks of :func:`read_state_rows`.
 
     Each operator is read as of one moment: one read transaction on a
     connection of its own (a fold committing meanwhile changes nothing
@@ -154,11 +183,36 @@ async def read_state_rows(
                         pending.append((key, value))
                         size += len(key) + len(value)
                         if len(pending) >= chunk_rows or size >= chunk_bytes:
-                            yield _rows_of(pending, prefix, version, operator_id)
+                            yield pending, prefix, version, operator_id
                             pending, size = [], 0
                             await asyncio.sleep(0)
                 if pending:
-                    yield _rows_of(pending, prefix, version, operator_id)
+                    yield pending, prefix, version, operator_id
                     pending, size = [], 0
     finally:
         await conn.close()
+
+
+async def read_state_rows(
+    path: str | Path, job_id: str, sources: Sequence[tuple[str, str]], chunk_rows: int,
+    chunk_bytes: int,
+) -> AsyncIterator[list[VersionedRow]]:
+    """The rows of ``sources`` ((reduce stage, key prefix) pairs) in every
+    operator of ``job_id`` holding state, in chunks of at most ``chunk_rows``
+    rows and about ``chunk_bytes``, values as JSON text (each operator as of
+    one moment: :func:`_state_pages`)."""
+    async for pairs, prefix, version, operator_id in _state_pages(
+            path, job_id, sources, chunk_rows, chunk_bytes):
+        yield _rows_of(pairs, prefix, version, operator_id)
+
+
+async def read_packed_state_rows(
+    path: str | Path, job_id: str, sources: Sequence[tuple[str, str]], chunk_rows: int,
+    chunk_bytes: int,
+) -> AsyncIterator[tuple[bytes, int]]:
+    """The chunks of :func:`read_state_rows` with the values as the state
+    stores them (msgpack): (ReadResultsChunk.rows, row count) for a reader
+    that asked for ``state_values_packed``."""
+    async for pairs, prefix, version, operator_id in _state_pages(
+            path, job_id, sources, chunk_rows, chunk_bytes):
+        yield _packed_rows_of(pairs, prefix, version, operator_id), len(pairs)

@@ -51,7 +51,7 @@ async def test_concurrent_result_writes_share_calls_and_keep_their_own_outcomes(
         assert replicas.result_write_calls <= 4, replicas.result_write_calls
         rows = await replicas.read_results(job_id)
         assert {key: rows[key] for key in rows if key.startswith("key-")} == {
-            f"key-{p}": (str(p), 1) for p in range(WRITERS)}
+            f"key-{p}": (p, 1) for p in range(WRITERS)}
 
         # Writers that reach the call a few event-loop steps apart (as a
         # worker's sink tasks do after their shared boundary) still share
@@ -112,7 +112,7 @@ async def test_results_are_read_from_one_replica_and_from_the_next_when_it_fails
         rows = await replicas.read_results(job_id)
         read = [key.removeprefix("only-") for key in rows if key.startswith("only-")]
         assert len(read) == 1, f"one server read, not {read}"
-        assert rows["both"] == ("1", 1)
+        assert rows["both"] == (1, 1)
         assert await replicas.read_results(job_id) == rows  # the same server again
 
         # The server not read holds a newer row (as when the one read lost
@@ -122,7 +122,7 @@ async def test_results_are_read_from_one_replica_and_from_the_next_when_it_fails
         caplog.set_level(logging.INFO, logger="gridstream.replicas")
         await write_to(other, "newer", 3)
         rows = await replicas.read_results(job_id)
-        assert rows["newer"] == ("3", 3)
+        assert rows["newer"] == (3, 3)
         assert {key for key in rows if key.startswith("only-")} == {
             f"only-{name}" for name in servers}
         assert f"{other} held newer rows of the job than the replica read" in caplog.text
@@ -138,5 +138,5 @@ async def test_results_are_read_from_one_replica_and_from_the_next_when_it_fails
         await cluster.wait_exit(read[0])
         rows = await replicas.read_results(job_id)
         assert {key for key in rows if key.startswith("only-")} == {f"only-{other}"}
-        assert rows["both"] == ("1", 1)
+        assert rows["both"] == (1, 1)
         assert f"went on without {read[0]}" in caplog.text
