@@ -302,7 +302,8 @@ class StateChains:
                 await conn.execute(
                     f'DELETE FROM {table} WHERE job_id = ? AND operator_id = ? AND "window" > ?',
                     (*key, w.parent))
-        size = sum(len(k) + (len(v) if v is not None else 0) for _, k, v in w.entries)
+        size = (w.entries_size if w.entries_size is not None
+                else sum(len(k) + (len(v) if v is not None else 0) for _, k, v in w.entries))
         await conn.execute(
             'INSERT INTO state_deltas (job_id, operator_id, "window", parent, epoch, header, size)'
             " VALUES (?, ?, ?, ?, ?, ?, ?)",

@@ -200,6 +200,11 @@ class StateWindow:
     """The packed chunks (msgpack entries, count) ``entries`` arrived in, when
     they came in a PutState: a delta stores them as they are. None: packed
     from ``entries`` when stored."""
+    entries_size: int | None = None
+    """The keys' and values' bytes of a delta that came in a PutState, whose
+    ``entries`` are then left empty (its ``chunks`` are all that is stored,
+    checked without decoding: rows.state_entries_size). None: the sum over
+    ``entries``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from gridstream.errors import InvalidArgument
 from gridstream.v1 import stateserver_pb2 as pb
 from services.stateserver.chains import StateChunkOut
 from services.stateserver.layout import Entry, StateWindow
-from services.stateserver.rows import decode_state_entries
+from services.stateserver.rows import decode_state_entries, state_entries_size
 from services.stateserver.store import _checksum
 
 _MAX_SQLITE_INT = 2**63 - 1
@@ -47,6 +47,8 @@ async def receive_window(first: pb.StateChunk, rest: AsyncIterator[pb.StateChunk
     (nothing stored) for a stream that is malformed, corrupt or cut short."""
     entries: list[Entry] = []
     packed: list[tuple[bytes, int]] = []
+    delta = first.has_parent  # stored as its chunks came: checked, not decoded
+    delta_size = 0
     chunk: pb.StateChunk | None = first
     ended = False
     while chunk is not None:
@@ -66,8 +68,11 @@ async def receive_window(first: pb.StateChunk, rest: AsyncIterator[pb.StateChunk
                 f"chunk of {meta.operator_id} window {meta.window} does not match its "
                 "meta.size/meta.checksum (of header + entries); it was corrupted on the way; "
                 "nothing stored")
-        decoded = decode_state_entries(chunk.entries, chunk.entry_count)
-        if decoded:  # checked: stored as it came
+        if delta:
+            delta_size += state_entries_size(chunk.entries, chunk.entry_count)
+            if chunk.entry_count:  # checked: stored as it came
+                packed.append((chunk.entries, chunk.entry_count))
+        elif decoded := decode_state_entries(chunk.entries, chunk.entry_count):
             entries.extend(decoded)
             packed.append((chunk.entries, len(decoded)))
         ended = chunk.window_end
@@ -80,6 +85,7 @@ async def receive_window(first: pb.StateChunk, rest: AsyncIterator[pb.StateChunk
         window=first.meta.window, epoch=first.meta.epoch,
         parent=first.parent_window if first.has_parent else None,
         header=first.header, entries=entries, chunks=packed,
+        entries_size=delta_size if delta else None,
     )
 
 

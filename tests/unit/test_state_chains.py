@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,8 @@ import pytest
 from gridstream.codec import pack, row_json, unpack
 from gridstream.errors import StaleEpoch
 from gridstream.jobspec import Stage
-from gridstream.statewindows import StateWindowRead, StoredState
+from gridstream.statewindows import StateWindowRead, StoredState, state_messages
+from gridstream.v1 import stateserver_pb2 as pb
 from services.stateserver.entryforms import (
     DELTA_CHUNK_ENTRIES,
     newest_values,
@@ -30,6 +32,7 @@ from services.stateserver.entryforms import (
 from services.stateserver.layout import ChunkUnreadable, Entry, MissingParent, StateWindow
 from services.stateserver.rows import decode_state_entries
 from services.stateserver.stateresults import read_state_rows
+from services.stateserver.statewire import receive_window
 from services.stateserver.store import SnapshotStore
 from services.worker.operators import DELETED, OperatorChain
 from services.worker.snapshots import apply_stored, pack_changes
@@ -59,12 +62,27 @@ async def store(tmp_path: Path) -> AsyncIterator[SnapshotStore]:
 
 
 async def window_of(c: OperatorChain, window: int, parent: int | None) -> StateWindow:
-    """What a worker sends for its current window, as the store receives it."""
+    """What a worker sends for its current window, as the store receives it
+    (its PutState messages through the server's own receive_window: a delta
+    checked and kept as its chunks, a whole state decoded into entries)."""
     changes = c.capture_delta() if parent is not None else c.capture_full()
-    entries = []
-    for data, count in await pack_changes(changes, chunk_entries=7):
-        entries.extend(decode_state_entries(data, count))
-    return StateWindow(JOB, OP, window, 1, parent, pack({"offset": window}), entries)
+    chunks = await pack_changes(changes, chunk_entries=7)
+    first, *rest = await state_messages(JOB, OP, window, 1, parent, pack({"offset": window}),
+                                        chunks)
+
+    async def stream() -> AsyncIterator[pb.StateChunk]:
+        for message in rest:
+            yield message
+
+    received = await receive_window(first, stream())
+    decoded = [e for data, count in chunks for e in decode_state_entries(data, count)]
+    if parent is None:
+        assert received.entries == decoded and received.entries_size is None
+    else:
+        assert received.entries == [] and received.chunks == [c for c in chunks if c[1]]
+        assert received.entries_size == sum(len(k) + (0 if v is None else len(v))
+                                            for _, k, v in decoded)
+    return received
 
 
 async def read(store: SnapshotStore, after: int | None = None,
@@ -109,7 +127,8 @@ async def test_deltas_chain_onto_a_base_and_restore_the_same_state(
     assert await store.states.put(await window_of(c, 1, 0))
     c.process(["k1"], [None], "b#3")
     delta = await window_of(c, 2, 1)
-    assert len(delta.entries) == 1  # bytes follow the keys touched
+    assert delta.chunks is not None
+    assert sum(count for _, count in delta.chunks) == 1  # bytes follow the keys touched
     assert await store.states.put(delta)
     assert await store.states.put(delta) is False  # a retry is a no-op
     stored = await read(store)
@@ -175,8 +194,7 @@ async def test_a_new_owner_claims_the_operator_and_its_history_wins(
                                                                   pack(1))]), fenced=False)
     new.process(["b"], [1], "b#2'")
     window = await window_of(new, 3 << 20, 1)
-    assert await store.states.put(StateWindow(JOB, OP, window.window, 3, 1, window.header,
-                                              window.entries))
+    assert await store.states.put(replace(window, epoch=3))
     assert await restored(store) == {"a": 2, "b": 1}
     with pytest.raises(StaleEpoch):
         await store.states.head(JOB, OP, claim_epoch=2)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +15,14 @@ from gridstream.codec import pack
 from gridstream.errors import InvalidArgument, Unavailable
 from gridstream.ids import checksum
 from services.stateserver.layout import SnapshotCorrupted, SnapshotMeta
-from services.stateserver.rows import decode_dead_letters, decode_rows, encode_entries
+from services.stateserver.rows import (
+    _scanned_size,
+    decode_dead_letters,
+    decode_rows,
+    decode_state_entries,
+    encode_entries,
+    state_entries_size,
+)
 from services.stateserver.store import SnapshotStore
 from tests.unit.writer_gate import Gate
 
@@ -322,3 +330,56 @@ async def test_a_file_of_an_older_layout_is_refused_with_the_fix(tmp_path: Path)
         await SnapshotStore(path).open()
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+def state_chunk_variants(rng: random.Random) -> list[tuple[bytes, int]]:
+    """PutState chunks, well formed and not: every way an entry can be
+    wrong, cut short, with bytes changed, with data after it, miscounted."""
+    good = [["s", pack(f"k{i}"), pack("v" * rng.choice([0, 3, 300, 70_000]))]
+            for i in range(rng.randrange(1, 6))]
+    if rng.random() < 0.3:
+        good.append(["s", pack("gone")])  # a deleted key
+    variants = [(pack(good), len(good)), (pack(good), len(good) + 1),
+                (pack(good) + b"\x00", len(good)), (pack(good)[:-1], len(good)),
+                (b"", 0), (b"", 1), (pack([]), 0), (pack({"a": 1}), 1)]
+    for bad in (["s", "text key", b"v"], [1, b"k", b"v"], ["s", b"k", "text value"],
+                ["s", b"k", b"v", b"x"], ["s"], "entry", ["s", b"k", None],
+                ["s", b"k", [1]], [b"s", b"k", b"v"]):
+        entries = [*good, bad]
+        variants.append((pack(entries), len(entries)))
+    blob = bytearray(pack(good))
+    for _ in range(20):
+        flipped = bytearray(blob)
+        flipped[rng.randrange(len(flipped))] = rng.randrange(256)
+        variants.append((bytes(flipped), len(good)))
+    return variants
+
+
+def test_a_state_chunk_is_checked_without_decoding_its_values_as_strictly_as_decoded() -> None:
+    # A delta is stored as its chunks came, so only their size is needed:
+    # state_entries_size skips over the values, and must accept exactly what
+    # decode_state_entries accepts, refuse the rest with its message, and
+    # count the same bytes.
+    rng = random.Random(5)
+    accepted = refused = 0
+    for _ in range(60):
+        for data, count in state_chunk_variants(rng):
+            try:
+                decoded = decode_state_entries(data, count)
+            except InvalidArgument as exc:
+                with pytest.raises(InvalidArgument) as info:
+                    state_entries_size(data, count)
+                assert str(info.value) == str(exc)
+                refused += 1
+                continue
+            assert state_entries_size(data, count) == sum(
+                len(k) + (0 if v is None else len(v)) for _, k, v in decoded)
+            accepted += 1
+    assert accepted > 500 and refused > 500, (accepted, refused)
+    # The skipping path itself takes the well-formed chunks (not the fallback).
+    data = pack([["s", pack("k"), pack("v" * 300)], ["s", pack("gone")]])
+    assert _scanned_size(data, 2) == len(pack("k")) + len(pack("v" * 300)) + len(pack("gone"))
+    for wrong, count in ((data + b"\x00", 2), (data[:-1], 2), (data, 3),
+                         (pack([["s", "k", pack("v")]]), 1)):
+        with pytest.raises(Exception):  # noqa: B017 - any error sends it to the full decode
+            _scanned_size(wrong, count)
