@@ -65,6 +65,7 @@ from gridstream.v1 import (
     worker_pb2_grpc,
 )
 from gridstream.validation import MAX_CLIENT_SEQUENCE, check_nesting, check_path_id
+from gridstream.wiresize import batch_bound
 
 DEFAULT_BATCH_SIZE = 20_000
 """Records per push at most. Every push costs a round trip, a replication and
@@ -380,12 +381,13 @@ class Client(ControlCalls):
         encoded = batch.encoded
         if encoded is None:
             encoded = codec.encode_batch(batch.values, batch.keys)
-        if encoded.ByteSize() > _MAX_SEGMENT_BYTES:
+        size = batch_bound(encoded)  # ByteSize() would encode the batch to tell
+        if size > _MAX_SEGMENT_BYTES:
             if can_split and batch.count > 1:
                 return None
             raise ResourceExhausted(
                 f"a batch of {batch.count} record(s) to partition {partition} encodes to "
-                f"{encoded.ByteSize()} bytes, above the {_MAX_SEGMENT_BYTES} bytes any push "
+                f"about {size} bytes, above the {_MAX_SEGMENT_BYTES} bytes any push "
                 "may carry; it can never be sent" + (
                     "" if batch.count == 1 else "; use a smaller batch_size"))
         encoded.ingest_unix_s = time.time()  # for the sink's latency histogram

@@ -28,6 +28,7 @@ from gridstream.callstreams import CallStreams, many_on_stream
 from gridstream.pbcopy import copy_into
 from gridstream.peercalls import CoalescedCalls, Waiting
 from gridstream.v1 import worker_pb2, worker_pb2_grpc
+from gridstream.wiresize import replication_bound
 
 REPLICATE_TIMEOUT_S = 5.0
 """Deadline of one call; a holder that takes longer is retried."""
@@ -64,7 +65,7 @@ class ReplicationCalls:
         after its contiguous entries. Raises what a call of its own would
         have: :class:`StaleEpoch` when a newer owner fenced the holder, the
         typed error of any other refusal or failure, prefixed with ``what``."""
-        return await self._calls.call(address, request, request.ByteSize(), what)
+        return await self._calls.call(address, request, replication_bound(request), what)
 
     async def _send_many(self, address: str,
                          batch: list[Waiting[worker_pb2.ReplicateRequest, int]]

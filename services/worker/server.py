@@ -31,6 +31,7 @@ from gridstream.validation import (
     check_path_id,
     short,
 )
+from gridstream.wiresize import push_bound
 from services.worker.node import WorkerNode
 from services.worker.queues import ContainerClosed
 from services.worker.replicacalls import MAX_REPLICATIONS_PER_CALL
@@ -128,10 +129,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if request.sender and not member:
             raise PermissionDenied("only workers set sender; clients leave it empty "
                                    "(nothing was appended)")
-        size = request.ByteSize()
+        request.DiscardUnknownFields()  # not ours to keep, and not counted by the bound
+        size = push_bound(request)  # ByteSize() would encode the whole push to tell
         if size > self.max_batch_bytes:
             raise ResourceExhausted(
-                f"push of {size} bytes exceeds worker.max_batch_bytes={self.max_batch_bytes}; "
+                f"push of about {size} bytes exceeds worker.max_batch_bytes="
+                f"{self.max_batch_bytes}; "
                 "send smaller batches (the SDK's batch_size)"
             )
         decoded = []

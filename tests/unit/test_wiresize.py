@@ -1,0 +1,70 @@
+"""The byte bounds that stand in for ``ByteSize()`` on the hot paths
+(``gridstream.wiresize``): never below a message's encoded size, whatever its
+fields hold, and never far above it, so every limit checked with them still
+means what it says."""
+
+from __future__ import annotations
+
+import random
+
+from gridstream.v1 import common_pb2, worker_pb2
+from gridstream.wiresize import batch_bound, push_bound, replication_bound, segment_bound
+
+SLACK_PER_BATCH = 96
+"""How far above the encoded size a bound may be, per batch it counts."""
+
+U64 = 2**64 - 1
+
+
+def text(rng: random.Random) -> str:
+    alphabet = ["a", "/", "0", "é", "世", "\U0001f600"]
+    return "".join(rng.choice(alphabet) for _ in range(rng.randrange(40)))
+
+
+def integer(rng: random.Random, top: int) -> int:
+    return rng.choice([0, 1, 127, 128, top, rng.randrange(top + 1)])
+
+
+def fill_batch(batch: common_pb2.RecordBatch, rng: random.Random) -> None:
+    batch.encoding = rng.choice([0, 1, -1])  # an unknown negative enum takes ten bytes
+    batch.count = integer(rng, 2**32 - 1)
+    batch.payload = bytes(rng.choice([0, 1, 200, 70_000]))
+    if rng.random() < 0.5:
+        batch.ingest_unix_s = rng.random() * 2e9
+    if rng.random() < 0.5:
+        batch.watermark = -rng.random()
+
+
+def test_every_bound_is_at_least_the_encoded_size_and_close_to_it() -> None:
+    rng = random.Random(3)
+    for _ in range(500):
+        batch = common_pb2.RecordBatch()
+        fill_batch(batch, rng)
+        assert batch.ByteSize() <= batch_bound(batch) <= batch.ByteSize() + SLACK_PER_BATCH
+
+        push = worker_pb2.PushRequest(job_id=text(rng), epoch=integer(rng, U64),
+                                      sender=text(rng))
+        for _ in range(rng.randrange(4)):
+            segment = push.segments.add(task=integer(rng, 2**32 - 1),
+                                        partition=integer(rng, 2**32 - 1), channel=text(rng),
+                                        sequence=integer(rng, U64), root=integer(rng, U64),
+                                        previous_sequence=integer(rng, U64))
+            fill_batch(segment.batch, rng)
+            assert segment.ByteSize() < segment_bound(segment)
+        slack = SLACK_PER_BATCH * (len(push.segments) + 1)
+        assert push.ByteSize() <= push_bound(push) <= push.ByteSize() + slack
+
+        replication = worker_pb2.ReplicateRequest(
+            job_id=text(rng), task=integer(rng, 2**32 - 1), partition=integer(rng, 2**32 - 1),
+            epoch=integer(rng, U64), primary=text(rng), reset=rng.random() < 0.5,
+            base_offset=integer(rng, U64), trim_below=integer(rng, U64),
+            sequences={text(rng): integer(rng, U64) for _ in range(rng.randrange(3))})
+        for _ in range(rng.randrange(4)):
+            entry = replication.entries.add(offset=integer(rng, U64), channel=text(rng),
+                                            sequence=integer(rng, U64),
+                                            root=integer(rng, U64),
+                                            previous_sequence=integer(rng, U64))
+            fill_batch(entry.batch, rng)
+        slack = SLACK_PER_BATCH * (len(replication.entries) + len(replication.sequences) + 1)
+        assert (replication.ByteSize() <= replication_bound(replication)
+                <= replication.ByteSize() + slack)
