@@ -38,6 +38,7 @@ from gridstream.routing import RoutingView
 from gridstream.statewindows import StoredState, read_state, state_messages, state_timeout_s
 from gridstream.v1 import stateserver_pb2, stateserver_pb2_grpc
 from gridstream.validation import short
+from gridstream.wiresize import result_write_bound
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +319,7 @@ class ReplicaClient:
             dead_letters=codec.pack([list(d) for d in dead_letters]),
             dead_letter_count=len(dead_letters), epoch=epoch, version=version)
         what = f"writing results of {operator_id}"
-        size = request.ByteSize()
+        size = result_write_bound(request)  # ByteSize() would encode the rows to tell
         await self._write(operator_id, what, lambda node, address: self._result_writes.call(
             address, request, size, f"{what} on {node}"))
 

@@ -1,21 +1,22 @@
-"""Bounds on the encoded size of the messages that carry record batches.
+"""Bounds on the encoded size of the messages that carry records and rows.
 
-Pushes, replications and the SDK's segments are checked against byte limits
-(``worker.max_batch_bytes``, the bytes a coalesced call may carry, the most a
-push may hold). ``Message.ByteSize()`` answers exactly, but the upb runtime
-answers it by encoding the whole message: about 1.5 ms per MB, paid again at
-every hop for the same payload (on a 1,000,000-record taxi job, 58 MB of
-records, a few percent of the cluster's CPU). The bounds here read only the
-payloads' lengths and the short fields: each is at least the message's
-encoded size and at most a few dozen bytes per batch above it, which is all
-a limit needs. They count the fields gridstream's protos declare; a message
-that came from outside is cleared of unknown fields first
-(``DiscardUnknownFields``), since those are not counted.
+Pushes, replications, result writes and the SDK's segments are checked
+against byte limits (``worker.max_batch_bytes``, the bytes a coalesced call
+may carry, the most a push may hold). ``Message.ByteSize()`` answers
+exactly, but the upb runtime answers it by encoding the whole message:
+about 1.5 ms per MB, paid again at every hop for the same payload (on a
+1,000,000-record taxi job, 58 MB of records, a few percent of the cluster's
+CPU). The bounds here read only the payloads' lengths and the short fields:
+each is at least the message's encoded size and at most a few dozen bytes
+per batch above it, which is all a limit needs. They count the fields
+gridstream's protos declare; a message that came from outside is cleared of
+unknown fields first (``DiscardUnknownFields``), since those are not
+counted. Small messages (tracking reports) keep ``ByteSize()``.
 """
 
 from __future__ import annotations
 
-from gridstream.v1 import common_pb2, worker_pb2
+from gridstream.v1 import common_pb2, stateserver_pb2, worker_pb2
 
 _TAG = 1
 """Bytes of a field's tag: every field counted here is numbered below 16."""
@@ -66,3 +67,9 @@ def replication_bound(request: worker_pb2.ReplicateRequest) -> int:
     return (2 * (_TAG + _LENGTH) + 7 * (_TAG + _VARINT) + text_bytes(request.job_id)
             + text_bytes(request.primary) + sequences
             + sum(map(segment_bound, request.entries)))
+
+
+def result_write_bound(request: stateserver_pb2.WriteResultsRequest) -> int:
+    """At least the bytes ``request`` encodes to."""
+    return (4 * (_TAG + _LENGTH) + 4 * (_TAG + _VARINT) + text_bytes(request.job_id)
+            + text_bytes(request.operator_id) + len(request.rows) + len(request.dead_letters))

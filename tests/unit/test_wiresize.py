@@ -7,8 +7,14 @@ from __future__ import annotations
 
 import random
 
-from gridstream.v1 import common_pb2, worker_pb2
-from gridstream.wiresize import batch_bound, push_bound, replication_bound, segment_bound
+from gridstream.v1 import common_pb2, stateserver_pb2, worker_pb2
+from gridstream.wiresize import (
+    batch_bound,
+    push_bound,
+    replication_bound,
+    result_write_bound,
+    segment_bound,
+)
 
 SLACK_PER_BATCH = 96
 """How far above the encoded size a bound may be, per batch it counts."""
@@ -68,3 +74,10 @@ def test_every_bound_is_at_least_the_encoded_size_and_close_to_it() -> None:
         slack = SLACK_PER_BATCH * (len(replication.entries) + len(replication.sequences) + 1)
         assert (replication.ByteSize() <= replication_bound(replication)
                 <= replication.ByteSize() + slack)
+
+        write = stateserver_pb2.WriteResultsRequest(
+            job_id=text(rng), operator_id=text(rng), rows=bytes(rng.choice([0, 9, 70_000])),
+            row_count=integer(rng, 2**32 - 1), dead_letters=bytes(rng.choice([0, 300])),
+            dead_letter_count=integer(rng, 2**32 - 1), epoch=integer(rng, U64),
+            version=integer(rng, U64))
+        assert write.ByteSize() <= result_write_bound(write) <= write.ByteSize() + SLACK_PER_BATCH
