@@ -6,7 +6,10 @@ means what it says."""
 from __future__ import annotations
 
 import random
+from types import SimpleNamespace
+from typing import Any, cast
 
+from gridstream import codec
 from gridstream.v1 import common_pb2, stateserver_pb2, worker_pb2
 from gridstream.wiresize import (
     batch_bound,
@@ -15,6 +18,7 @@ from gridstream.wiresize import (
     result_write_bound,
     segment_bound,
 )
+from services.worker.server import WorkerServicer
 
 SLACK_PER_BATCH = 96
 """How far above the encoded size a bound may be, per batch it counts."""
@@ -81,3 +85,47 @@ def test_every_bound_is_at_least_the_encoded_size_and_close_to_it() -> None:
             dead_letter_count=integer(rng, 2**32 - 1), epoch=integer(rng, U64),
             version=integer(rng, U64))
         assert write.ByteSize() <= result_write_bound(write) <= write.ByteSize() + SLACK_PER_BATCH
+
+
+def length_delimited(field: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (tag, varint length, bytes)."""
+    out = bytearray([(field << 3 | 2) & 0x7F | 0x80, field >> 4])
+    n = len(payload)
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out) + payload
+
+
+async def test_a_push_drops_unknown_fields_and_is_sized_by_what_it_keeps() -> None:
+    # The bounds count the declared fields only: a push's unknown fields
+    # (here 2 MiB of them, at the top and inside its segment) are dropped
+    # before it is sized, so they are neither counted nor kept and copied on.
+    junk = length_delimited(100, bytes(2 << 20))
+    batch = codec.encode_batch(["a record"], None)
+    segment = worker_pb2.Segment(partition=0, channel="src/p", sequence=1, batch=batch)
+    wire = (worker_pb2.PushRequest(job_id="j").SerializeToString()
+            + length_delimited(3, segment.SerializeToString() + junk) + junk)
+    request = worker_pb2.PushRequest.FromString(wire)
+    assert request.ByteSize() > 4 << 20 > push_bound(request)  # received with the junk
+    appended: list[common_pb2.RecordBatch] = []
+
+    async def append(channel: str, sequence: int, keys: Any, values: Any, wait: Any,
+                     wire_batch: common_pb2.RecordBatch, **_: Any) -> Any:
+        appended.append(wire_batch)
+
+        async def committed() -> bool:
+            return True
+        return committed
+
+    async def runner_for(*_: Any) -> Any:
+        return SimpleNamespace(append=append)
+
+    node = SimpleNamespace(runner_for=runner_for, routing=SimpleNamespace(
+        epoch=1, check_reached=lambda *_: None))
+    servicer = WorkerServicer(cast(Any, node), max_batch_bytes=1 << 20)
+    response = await servicer.Push(request, cast(Any, SimpleNamespace(time_remaining=lambda: None)))
+    assert list(response.outcomes) == [worker_pb2.SEGMENT_OUTCOME_ACCEPTED]
+    assert request.ByteSize() <= push_bound(request) < 1_000
+    assert appended[0].ByteSize() == batch.ByteSize()  # kept as it was sent, without the junk
