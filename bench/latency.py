@@ -73,7 +73,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -94,7 +94,11 @@ from gridstream.examples import taxi, wordcount
 from gridstream.jobspec import JobSpec, Stage
 from gridstream.local import LocalCluster
 from gridstream.metrics import LATENCY_BUCKETS_S
+from gridstream.producer import Producer
 
+SENDERS = {"producer": (1.0, 1), "ticks": (50.0, 32)}
+"""Each sender's defaults: (how often due records are handed over, in ms;
+sends in flight at most)."""
 TARGET_MS = 50.0
 QUANTILES = (0.5, 0.99, 0.999)
 JOB_MODULE = "bench.latency_job"
@@ -260,8 +264,31 @@ async def observed_before(directory: Path, records: int, units: int,
         await asyncio.sleep(0.1)
 
 
+class HandingClient:
+    """The client as a :class:`gridstream.producer.Producer` sends with,
+    noting when each record is handed to ``Client.send`` (the send p99)."""
+
+    def __init__(self, client: Client, handed: Counter[tuple[int, int]]) -> None:
+        self.client = client
+        self.handed = handed
+
+    async def send(self, job_id: str, values: Sequence[Any],
+                   keys: Sequence[Any] | None = None) -> int:
+        """``Client.send``, once the records' wait is noted."""
+        note_handed(self.handed, values)
+        return await self.client.send(job_id, values, keys)
+
+
+def note_handed(handed: Counter[tuple[int, int]], values: Sequence[Any]) -> None:
+    """Counts ``[payload, stamp]`` records by due second and by the steps
+    from their stamp to now."""
+    now = time.time()
+    handed.update([(int(stamp), int((now - stamp) / latency_job.RESOLUTION_S))
+                   for _, stamp in values])
+
+
 async def paced_run(cluster: LocalCluster, client: Client, workload: Workload, job_id: str,
-                    rate: float, seconds: float, tick_s: float, in_flight: int,
+                    rate: float, seconds: float, sender: str, tick_s: float, in_flight: int,
                     spread: int) -> Paced:
     """Sends ``rate`` units per second for ``seconds``, open loop (see the
     module docstring), scraping the workers' histogram every interval."""
@@ -307,6 +334,8 @@ async def paced_run(cluster: LocalCluster, client: Client, workload: Workload, j
     cpu_before = {pid: process_cpu_seconds(pid) for pid in pids}
     client_before = own_cpu_seconds()
     watcher = asyncio.create_task(scraper())
+    producer = (Producer(HandingClient(client, handed), job_id, max_in_flight=in_flight)
+                if sender == "producer" else None)
     tick = 0
     try:
         while sent < total and not failures:
@@ -316,21 +345,25 @@ async def paced_run(cluster: LocalCluster, client: Client, workload: Workload, j
                 values = [[text, t0 + (sent + i) / per_second]
                           for i, (_, text) in enumerate(chunk)]
                 sent = due
-                if keyed:  # the client groups them by partition
+                pieces: list[tuple[list[Any], list[Any] | None]]
+                if producer is not None:  # sent as the send before is acknowledged
+                    await producer.put(values, [k for k, _ in chunk] if keyed else None)
+                    pieces = []
+                elif keyed:  # the client groups them by partition
                     pieces = [(values, [k for k, _ in chunk])]
                 else:  # one batch to each of the next ``spread`` partitions in turn
                     size = math.ceil(len(values) / spread)
                     pieces = [(values[i:i + size], None) for i in range(0, len(values), size)]
                 for piece, keys in pieces:
                     await slots.acquire()  # at the limit the records wait, stamps running
-                    now = time.time()
-                    handed.update([(int(stamp), int((now - stamp) / latency_job.RESOLUTION_S))
-                                   for _, stamp in piece])
+                    note_handed(handed, piece)
                     task = asyncio.create_task(client.send(job_id, piece, keys))
                     sends.add(task)
                     task.add_done_callback(finished)
             tick += 1
             await asyncio.sleep(max(0.0, t0 + tick * tick_s - time.time()))
+        if producer is not None:
+            await producer.close()  # every record acknowledged
         if sends:
             await asyncio.wait(set(sends))
         if failures:
@@ -343,6 +376,8 @@ async def paced_run(cluster: LocalCluster, client: Client, workload: Workload, j
             cpu[role] = cpu.get(role, 0.0) + process_cpu_seconds(pid) - cpu_before[pid]
     finally:
         watcher.cancel()
+        if producer is not None:
+            await producer.abort()
         for task in list(sends):
             task.cancel()
     scrapes.append(Scrape(time.time(), await asyncio.to_thread(scrape_histogram, workers,
@@ -443,7 +478,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"paced run: {rate:,.0f} {workload.unit}/s for {args.seconds:g} s, "
                       f"{workload.name}, {args.delivery}", flush=True)
                 paced = await paced_run(cluster, client, workload, job_id, rate, args.seconds,
-                                        args.tick_ms / 1e3, args.in_flight, args.spread)
+                                        args.sender, args.tick_ms / 1e3, args.in_flight,
+                                        args.spread)
                 actual = await client.results(job_id)
             lag, held = loop_lags(cluster.run_dir / "logs", paced.t0)
             await asyncio.sleep(latency_job.FLUSH_S * 3)  # the workers' last counts
@@ -469,7 +505,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "when": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "cores": os.cpu_count(),
         "python": sys.version.split()[0], "peak_per_s": peak, "peak_runs_per_s": peaks,
         "fraction": args.fraction,
-        "rate_per_s": rate, "seconds": args.seconds, "tick_ms": args.tick_ms,
+        "rate_per_s": rate, "seconds": args.seconds, "sender": args.sender,
+        "tick_ms": args.tick_ms,
         "in_flight": args.in_flight, "batch_size": args.batch_size, "spread": args.spread,
         "partitions": workload.partitions or config.cluster.partitions,
         "tracking_flush_s": config.cluster.tracking_flush_s,
@@ -495,8 +532,13 @@ def main() -> None:
     parser.add_argument("--peak-runs", type=int, default=3,
                         help="closed-loop peak runs; the peak is their median (default 3: "
                         "one run measured 522,614 to 662,976 words/s on the same code)")
-    parser.add_argument("--tick-ms", type=float, default=50.0,
-                        help="how often due records are handed to the client (default 50)")
+    parser.add_argument("--sender", default="producer", choices=SENDERS,
+                        help="producer (default): due records go to a gridstream Producer, "
+                             "which sends them as its send before is acknowledged; ticks: "
+                             "every --tick-ms the due records go to Client.send")
+    parser.add_argument("--tick-ms", type=float, default=0.0,
+                        help="how often due records are handed over (default 0: 1 ms to "
+                             "the producer, 50 ms as ticks)")
     parser.add_argument("--spread", type=int, default=1,
                         help="wordcount: split each tick's lines over this many partitions "
                              "(default 1: a tick's lines go as one batch to the next "
@@ -506,8 +548,9 @@ def main() -> None:
     parser.add_argument("--tracking-flush-s", type=float, default=0.0,
                         help="the cluster's cluster.tracking_flush_s (default 0: its "
                              "default, 1 s)")
-    parser.add_argument("--in-flight", type=int, default=32,
-                        help="most sends in flight at once (default 32)")
+    parser.add_argument("--in-flight", type=int, default=0,
+                        help="most sends in flight at once (default 0: the producer's 1, "
+                             "32 as ticks)")
     parser.add_argument("--batch-size", type=int, default=5_000,
                         help="largest batch the client pushes (default 5,000)")
     parser.add_argument("--replot", type=Path, default=None,
@@ -518,6 +561,10 @@ def main() -> None:
         parser.error("--peak-runs must be at least 1 (the peak is the median of the runs)")
     if args.partitions < 0 or args.tracking_flush_s < 0:
         parser.error("--partitions and --tracking-flush-s must be 0 (the default) or more")
+    if args.tick_ms < 0 or args.in_flight < 0:
+        parser.error("--tick-ms and --in-flight must be 0 (the sender's default) or more")
+    args.tick_ms = args.tick_ms or SENDERS[args.sender][0]
+    args.in_flight = args.in_flight or SENDERS[args.sender][1]
     out = out_dir(args.out)
     if args.replot is not None:
         figures = json.loads(args.replot.read_text())

@@ -29,11 +29,18 @@ def table(f: dict[str, Any]) -> str:
                    f"{f['seconds']:g} s")
     else:
         out.append(f"paced at {f['rate_per_s']:,.0f} {unit}/s (given) for {f['seconds']:g} s")
-    spread = ("" if f["workload"] == "taxi" else
-              f", split over {f['spread']} partition(s)")
-    out.append(f"open loop: due records handed to the client every {f['tick_ms']:g} ms{spread}, "
-               f"up to {f['in_flight']} sends in flight, batches of at most {f['batch_size']:,}; "
-               f"sending took {f['send_seconds']:.1f} s, drained at {f['wall_s']:.1f} s")
+    if f.get("sender", "ticks") == "producer":
+        out.append(f"open loop: due records put every {f['tick_ms']:g} ms into a Producer, "
+                   f"which sends all that wait as each send is acknowledged (up to "
+                   f"{f['in_flight']} in flight), batches of at most {f['batch_size']:,}; "
+                   f"sending took {f['send_seconds']:.1f} s, drained at {f['wall_s']:.1f} s")
+    else:
+        spread = ("" if f["workload"] == "taxi" else
+                  f", split over {f['spread']} partition(s)")
+        out.append(f"open loop: due records handed to the client every {f['tick_ms']:g} ms"
+                   f"{spread}, up to {f['in_flight']} sends in flight, batches of at most "
+                   f"{f['batch_size']:,}; sending took {f['send_seconds']:.1f} s, drained at "
+                   f"{f['wall_s']:.1f} s")
     if "partitions" in f:  # runs before these were recorded had 12 and 1 s
         out.append(f"job of {f['partitions']} partitions, cluster.tracking_flush_s "
                    f"{f['tracking_flush_s']:g} s")

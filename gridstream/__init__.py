@@ -1,6 +1,7 @@
 """gridstream: a stream-processing cluster with in-memory-grid fault tolerance.
 
-The public face is small: the SDK (:class:`Client`, :class:`SyncClient`),
+The public face is small: the SDK (:class:`Client`, :class:`SyncClient`,
+:class:`Producer` for a stream of records),
 jobs (:class:`JobSpec`, :class:`Stage`), the typed answers of the SDK
 (:mod:`gridstream.types`: enums and dataclasses) and the typed errors.
 """
@@ -17,6 +18,7 @@ from gridstream.errors import (
     Unavailable,
 )
 from gridstream.jobspec import JobSpec, Stage, load_job_file
+from gridstream.producer import Producer
 from gridstream.sync import SyncClient
 from gridstream.types import (
     ClusterStatus,
@@ -55,6 +57,7 @@ __all__ = [
     "MemberState",
     "MemberStatus",
     "NotFound",
+    "Producer",
     "ResourceExhausted",
     "RoutingTable",
     "Stage",
