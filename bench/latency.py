@@ -14,13 +14,18 @@ the same code) unless ``--rate`` is given; then it sends at
 ``--fraction`` (0.5) of that peak for ``--seconds`` (60).
 
 How the sender paces. Open loop: record ``i`` is due at ``t0 + i / rate`` on
-the wall clock and carries that time as its stamp. Every ``--tick-ms`` the
-sender hands every record that has come due to ``Client.send`` as a task of
-its own (up to ``--in-flight`` sends at once, each partition's pushes in
-order), so it never slows down to the cluster's pace: a cluster that falls
-behind makes records wait (in the client, in the pushes) with their stamps
-running, and that wait is latency, not a lower rate. The records/s the
-sender achieved per interval is printed next to the latencies.
+the wall clock and carries that time as its stamp. With ``--sender
+producer`` (the default) every ``--tick-ms`` (1) the records that have come
+due are put into a :class:`gridstream.producer.Producer`, which keeps
+``--in-flight`` (1) sends going and sends everything put meanwhile as each
+is acknowledged: the batches grow while the cluster is slow. With
+``--sender ticks`` every ``--tick-ms`` (50) the due records go to
+``Client.send`` as a task of their own (up to ``--in-flight`` (32) sends at
+once, each partition's pushes in order). Either way the sender never slows
+down to the cluster's pace: a cluster that falls behind makes records wait
+(in the producer, in the client, in the pushes) with their stamps running,
+and that wait is latency, not a lower rate. The records/s the sender
+achieved per interval is printed next to the latencies.
 
 How latency is measured: exactly, per record. The job is the plain
 workload with the due time carried in each record (``bench/latency_job.py``):
@@ -51,7 +56,8 @@ Writes ``latency.txt``, ``latency.json`` and ``latency.png`` to ``--out``
 
     .venv/bin/python bench/latency.py [--workload wordcount|taxi] [--delivery exactly_once]
                                       [--seconds 60] [--rate UNITS_PER_S | --fraction 0.5]
-                                      [--tick-ms 50] [--partitions 0] [--tracking-flush-s 0]
+                                      [--sender producer|ticks] [--tick-ms 0] [--in-flight 0]
+                                      [--partitions 0] [--tracking-flush-s 0]
                                       [--out DIR] [--replot DIR/latency.json]
 
 ``--partitions`` and ``--tracking-flush-s`` set the job's partitions and the

@@ -29,7 +29,8 @@ def table(f: dict[str, Any]) -> str:
                    f"{f['seconds']:g} s")
     else:
         out.append(f"paced at {f['rate_per_s']:,.0f} {unit}/s (given) for {f['seconds']:g} s")
-    if f.get("sender", "ticks") == "producer":
+    producer = f.get("sender", "ticks") == "producer"  # runs before 07:20 sent on ticks
+    if producer:
         out.append(f"open loop: due records put every {f['tick_ms']:g} ms into a Producer, "
                    f"which sends all that wait as each send is acknowledged (up to "
                    f"{f['in_flight']} in flight), batches of at most {f['batch_size']:,}; "
@@ -78,11 +79,13 @@ def table(f: dict[str, Any]) -> str:
                            for role, seconds in sorted(cpu.items()))
                + f"); worst worker event-loop lag {f['loop_lag_s'] * 1e3:,.0f} ms "
                f"({f['loop_held_s'] * 1e3:,.0f} ms of it computing)")
+    waits = ("the wait for the producer's send before" if producer
+             else "the tick's linger and any wait for a send slot")
     out.append(f"sent/s: {unit} due in the interval that reached the sink, per second; "
                "p50 .. max: exact (0.1 ms steps) over those records, from the time each was "
                "due to be sent to the sink task processing it; send p99: from due to handed "
-               "to Client.send (the tick's linger and any wait for a send slot); source p99: "
-               "from due to the first task processing it.")
+               "to Client.send (" + waits + "); source p99: from due to the first task "
+               "processing it.")
     out.append("sink/s and hist. p99: the workers' gridstream_ingest_to_sink_seconds scraped "
                "every interval (by sink time), from the client's encoding of a push, p99 "
                f"interpolated in buckets bounded at {', '.join(f'{b * 1e3:g}' for b in LATENCY_BUCKETS_S)} ms.")  # noqa: E501

@@ -15,6 +15,7 @@ import pytest
 
 from bench import latency_job
 from bench.latency import steps_between
+from bench.latency_report import table
 from bench.percentiles import bucket_percentile, exact_percentile
 
 
@@ -103,3 +104,37 @@ def test_a_large_batch_is_counted_as_record_by_record(
             one_by_one.observe([stamp], now=now)
         assert vectorised._counts == one_by_one._counts
         assert vectorised._counts.total() == sum(1 for s in stamps if s > 0)
+
+
+def figures_of(sender: str | None) -> dict[str, object]:
+    """A run's figures as ``bench/latency.py`` writes them (one interval);
+    without ``sender`` as runs before the producer wrote them."""
+    interval = {"start_s": 0, "sent_per_s": 1000.0, "p50_ms": 10.0, "p99_ms": 40.0,
+                "p99.9_ms": 45.0, "max_ms": 48.0, "source_p99_ms": 20.0, "send_p99_ms": 5.0,
+                "sink_per_s": 1000.0, "histogram_p99_ms": 42.0}
+    figures: dict[str, object] = {
+        "workload": "wordcount", "unit": "words", "delivery": "exactly_once",
+        "when": "2026-12-05 07:36 UTC", "cores": 2, "python": "3.11.7", "peak_per_s": 0.0,
+        "fraction": 0.5, "rate_per_s": 1000.0, "seconds": 5.0, "tick_ms": 50.0,
+        "in_flight": 32, "batch_size": 5000, "spread": 1, "partitions": 3,
+        "tracking_flush_s": 1.0, "records": 500, "units": 5000, "send_seconds": 5.0,
+        "wall_s": 5.1,
+        "cpu_s": {"worker": 1.0}, "loop_lag_s": 0.0, "loop_held_s": 0.0,
+        "intervals": [interval], "whole": {"p50_ms": 10.0, "p99_ms": 40.0, "p99.9_ms": 45.0,
+                                           "max_ms": 48.0, "mean_ms": 12.0},
+        "target_ms": 50.0, "problems": []}
+    if sender == "producer":
+        figures.update(sender=sender, tick_ms=1.0, in_flight=1)
+    elif sender is not None:
+        figures["sender"] = sender
+    return figures
+
+
+def test_the_table_says_how_the_records_were_sent() -> None:
+    producer = table(figures_of("producer"))
+    assert "put every 1 ms into a Producer" in producer
+    assert "up to 1 in flight" in producer
+    assert "the wait for the producer's send before" in producer
+    for older in (table(figures_of(None)), table(figures_of("ticks"))):
+        assert "handed to the client every 50 ms, split over 1 partition(s)" in older
+        assert "the tick's linger" in older and "Producer" not in older
