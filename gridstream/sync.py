@@ -17,6 +17,7 @@ from gridstream.config import SecurityConfig
 from gridstream.control import DRAIN_POLL_S
 from gridstream.jobspec import JobSpec
 from gridstream.loopthread import LoopThread
+from gridstream.producer import DEFAULT_MAX_BUFFERED_RECORDS, DEFAULT_MAX_SEND_RECORDS, Producer
 from gridstream.types import ClusterStatus, DeadLetter, JobInfo, JobProgress, RoutingTable
 from gridstream.v1 import scheduler_pb2
 
@@ -62,6 +63,23 @@ class SyncClient:
             pass  # closed already
         finally:
             self._loop.close()
+
+    def producer(self, job_id: str, *, max_in_flight: int = 1,
+                 max_send_records: int = DEFAULT_MAX_SEND_RECORDS,
+                 max_buffered_records: int = DEFAULT_MAX_BUFFERED_RECORDS) -> SyncProducer:
+        """A started :class:`gridstream.producer.Producer` for ``job_id``
+        (same limits), blocking: its sends run on this client's loop thread
+        while the caller goes on."""
+        return SyncProducer(self._loop, self._loop.run(self._start_producer(
+            job_id, max_in_flight, max_send_records, max_buffered_records)))
+
+    async def _start_producer(self, job_id: str, max_in_flight: int, max_send_records: int,
+                              max_buffered_records: int) -> Producer:
+        producer = Producer(self._client, job_id, max_in_flight=max_in_flight,
+                            max_send_records=max_send_records,
+                            max_buffered_records=max_buffered_records)
+        producer.start()  # its tasks belong to the private loop
+        return producer
 
     def submit(self, job: JobSpec | str | Path) -> str:
         """See :meth:`Client.submit`."""
@@ -129,3 +147,55 @@ class SyncClient:
     def retire_state_server(self, node_id: str) -> int:
         """See :meth:`Client.retire_state_server`."""
         return self._loop.run(self._client.retire_state_server(node_id))
+
+
+class SyncProducer:
+    """A :class:`gridstream.producer.Producer` for blocking code (made by
+    :meth:`SyncClient.producer`): each call blocks until the producer's
+    does, while its sends go on in the client's loop thread. Use it as a
+    context manager: a clean exit flushes and closes, an error aborts."""
+
+    def __init__(self, loop: LoopThread, producer: Producer) -> None:
+        self._loop = loop
+        self.producer = producer
+        """The asyncio producer underneath."""
+
+    def __enter__(self) -> SyncProducer:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def put(self, values: Sequence[Any], keys: Sequence[Any] | None = None) -> None:
+        """See :meth:`Producer.put <gridstream.producer.Producer.put>`."""
+        self._loop.run(self.producer.put(values, keys))
+
+    def flush(self) -> None:
+        """See :meth:`Producer.flush <gridstream.producer.Producer.flush>`."""
+        self._loop.run(self.producer.flush())
+
+    def close(self) -> None:
+        """See :meth:`Producer.close <gridstream.producer.Producer.close>`."""
+        self._loop.run(self.producer.close())
+
+    def abort(self) -> None:
+        """See :meth:`Producer.abort <gridstream.producer.Producer.abort>`."""
+        self._loop.run(self.producer.abort())
+
+    @property
+    def acknowledged(self) -> int:
+        """Records whose send was acknowledged."""
+        return self.producer.acknowledged
+
+    @property
+    def sends(self) -> int:
+        """Sends made so far."""
+        return self.producer.sends
+
+    @property
+    def unsent(self) -> list[tuple[list[Any] | None, list[Any]]]:
+        """See :attr:`Producer.unsent <gridstream.producer.Producer.unsent>`."""
+        return self.producer.unsent
