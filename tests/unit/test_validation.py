@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import stat
 import sys
 from pathlib import Path
@@ -97,6 +98,48 @@ def test_nesting_is_measured_without_recursion() -> None:
     assert json_nesting_depth('[1, {"a": "[[[["}]') == 2
     assert json_nesting_depth('"\\"[["') == 0
     assert json_nesting_depth("[" * 100_000) == MAX_NESTING + 1
+
+
+class Text(str):
+    """A str subclass: not one of the scalar types the fast checks know."""
+
+
+def random_record(rng: random.Random, depth: int) -> object:
+    """A record of about ``depth`` levels in one of the usual shapes."""
+    scalars: list[object] = [1, 2.5, "text", None, True, b"raw", Text("sub")]
+    if depth == 0:
+        return rng.choice(scalars)
+    shape = rng.choice(["list", "tuple", "dict", "dict-tuple-key"])
+    items = [random_record(rng, depth - 1 if rng.random() < 0.5 else 0)
+             for _ in range(rng.randint(0, 3))]
+    if shape == "list":
+        return items
+    if shape == "tuple":
+        return tuple(items)
+    if shape == "dict":
+        return {f"k{n}": item for n, item in enumerate(items)}
+    return {("k", n): item for n, item in enumerate(items)}
+
+
+def test_the_fast_nesting_checks_refuse_exactly_what_the_walk_refuses() -> None:
+    # Batches of one shape (the fast checks' case) and mixed ones, against
+    # the record-by-record walk: same verdict, same index named.
+    rng = random.Random(7)
+    for _ in range(3_000):
+        depth = rng.choice([0, 1, 1, 1, 2, 3])
+        batch = [random_record(rng, depth) for _ in range(rng.randint(0, 6))]
+        if rng.random() < 0.5 and batch:
+            kind = rng.choice([list, tuple, dict])
+            batch = [kind(v) if isinstance(v, list | tuple) and kind is not dict
+                     else {"a": v} if kind is dict else v for v in batch]
+        limit = rng.choice([0, 1, 2, MAX_NESTING])
+        too_deep = [i for i, v in enumerate(batch) if nesting_depth(v, limit) > limit]
+        for values in (batch, tuple(batch)):
+            if too_deep:
+                with pytest.raises(InvalidArgument, match=rf"record {too_deep[0]} is nested"):
+                    check_nesting(values, "record", limit)
+            else:
+                check_nesting(values, "record", limit)
 
 
 def job_with(*stages: Stage, **fields: object) -> JobSpec:
