@@ -21,16 +21,20 @@ DEVICES = 10_000
 
 def generate(records: int, devices: int = DEVICES, seed: int = 0) -> Iterator[str]:
     """Deterministic JSON position records: each device reports in turn, so all
-    ``devices`` appear once ``records >= devices``."""
+    ``devices`` appear once ``records >= devices``. Each is the text
+    ``json.dumps`` makes of ``{"device", "lat", "lon", "seq"}`` (all but the
+    device's text are ints), written directly: three times faster, which
+    matters to a bench that makes its records while it sends them."""
     rng = random.Random(seed)
-    positions = {d: (rng.randint(100, 999), rng.randint(100, 999)) for d in range(devices)}
+    randint = rng.randint
+    positions = {d: (randint(100, 999), randint(100, 999)) for d in range(devices)}
     for i in range(records):
         device = i % devices
         lat, lon = positions[device]
-        lat += rng.randint(-3, 3)
-        lon += rng.randint(-3, 3)
+        lat += randint(-3, 3)
+        lon += randint(-3, 3)
         positions[device] = (lat, lon)
-        yield json.dumps({"device": str(1000 + device), "lat": lat, "lon": lon, "seq": i})
+        yield f'{{"device": "{1000 + device}", "lat": {lat}, "lon": {lon}, "seq": {i}}}'
 
 
 def keyed(records: int, devices: int = DEVICES, seed: int = 0) -> tuple[list[str], list[str]]:
