@@ -567,6 +567,9 @@ def main() -> None:
         parser.error("--peak-runs must be at least 1 (the peak is the median of the runs)")
     if args.partitions < 0 or args.tracking_flush_s < 0:
         parser.error("--partitions and --tracking-flush-s must be 0 (the default) or more")
+    if args.sender == "producer" and args.spread != 1:
+        parser.error("--spread is for --sender ticks: the producer's sends go as "
+                     "Client.send spreads them")
     if args.tick_ms < 0 or args.in_flight < 0:
         parser.error("--tick-ms and --in-flight must be 0 (the sender's default) or more")
     args.tick_ms = args.tick_ms or SENDERS[args.sender][0]
