@@ -170,3 +170,21 @@ async def test_limits_below_one_are_refused() -> None:
     for limit in ("max_in_flight", "max_send_records", "max_buffered_records"):
         with pytest.raises(ValueError, match=limit):
             producer_of(held, **{limit: 0})
+
+
+async def test_a_failure_beside_a_send_that_succeeds_counts_each_once() -> None:
+    held = HeldSends()
+    producer = producer_of(held, max_in_flight=2)
+    await producer.put(["a"])
+    await held.wait_sends(1)
+    await producer.put(["b", "c"])
+    await held.wait_sends(2)
+    await producer.put(["d"])
+    held.release(0, Unavailable("worker gone"))
+    held.release(1)
+    with pytest.raises(Unavailable, match="a send of 1 records failed .*1 records put after"):
+        await flushed(producer)
+    assert producer.acknowledged == 2  # the send beside the failed one still counts
+    assert producer.unsent == [(None, ["d"])]
+    assert len(held.sends) == 2  # nothing was taken after the failure
+    await producer.abort()
