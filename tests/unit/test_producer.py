@@ -182,7 +182,7 @@ async def test_a_failure_beside_a_send_that_succeeds_counts_each_once() -> None:
     await producer.put(["d"])
     held.release(0, Unavailable("worker gone"))
     held.release(1)
-    with pytest.raises(Unavailable, match="a send of 1 records failed .*1 records put after"):
+    with pytest.raises(Unavailable, match=r"a send of 1 records failed .*1 records put after"):
         await flushed(producer)
     assert producer.acknowledged == 2  # the send beside the failed one still counts
     assert producer.unsent == [(None, ["d"])]
