@@ -7,7 +7,7 @@ producer against a real cluster is tests/integration/test_producer.py."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -23,6 +23,8 @@ class HeldSends:
         self.sends: list[tuple[list[Any] | None, list[Any]]] = []
         self.gates: list[asyncio.Future[None]] = []
         self.started = asyncio.Event()
+        self.on_send: Callable[[], None] = lambda: None
+        """Called as each send starts (after it is recorded)."""
 
     async def send(self, job_id: str, values: Sequence[Any],
                    keys: Sequence[Any] | None = None) -> int:
@@ -30,6 +32,7 @@ class HeldSends:
         self.sends.append((None if keys is None else list(keys), list(values)))
         gate = asyncio.get_running_loop().create_future()
         self.gates.append(gate)
+        self.on_send()
         self.started.set()
         await gate
         return len(values)
@@ -113,6 +116,32 @@ async def test_max_in_flight_sends_run_at_once() -> None:
         held.release(2)
         await flushed(producer)
     assert [values for _, values in held.sends] == [["a"], ["b"], ["c"]]
+
+
+async def test_records_taken_for_a_send_are_in_it_before_anything_else_is_taken() -> None:
+    # Sends reach the partitions in the order they are called, so a sender
+    # must call its send before another sender can take later records:
+    # nothing may suspend between taking and calling.
+    held = HeldSends()
+    producer = producer_of(held, max_in_flight=2)
+    put = 0
+
+    def every_record_accounted_for() -> None:
+        in_sends = sum(len(values) for (_, values), gate in zip(held.sends, held.gates,
+                                                                strict=True)
+                       if not gate.done())
+        assert put == producer.acknowledged + producer.buffered + in_sends
+
+    held.on_send = every_record_accounted_for
+    async with producer:
+        await producer.put(["a", "b"], ["k1", "k2"])
+        await producer.put(["c"])  # a second run: both senders take at once
+        put = 3
+        await held.wait_sends(2)
+        held.release(0)
+        held.release(1)
+        await flushed(producer)
+    assert held.sends == [(["k1", "k2"], ["a", "b"]), (None, ["c"])]
 
 
 async def test_put_waits_while_max_buffered_records_wait_to_be_sent() -> None:
