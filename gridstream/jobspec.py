@@ -343,7 +343,8 @@ def check_stage(stage: Stage, where: str) -> None:
     (:mod:`gridstream.dataflow` checks each operator with it as it is added)."""
     _require(bool(_NAME.match(stage.name)), f"{where}: name must be 1-64 characters of "
              "letters, digits, '_', '.', '-'")
-    _require(stage.kind in STAGE_KINDS, f"{where}: " + _unknown_kind(stage.name, stage.kind))
+    if stage.kind not in STAGE_KINDS:  # the nearest kind is looked up only then
+        raise InvalidArgument(f"{where}: " + _unknown_kind(stage.name, stage.kind))
     _require(nesting_depth(stage.initial) <= MAX_NESTING,
              f"{where}: initial is nested more than {MAX_NESTING} levels deep; flatten it")
     _require(stage.mode in SINK_MODES, f"{where}: mode {short(str(stage.mode))} is not one of "

@@ -74,6 +74,13 @@ def device_key_of(text: str) -> str:
     return text[12:text.index('"', 12)]
 
 
+def device_keys_of(texts: list[str]) -> list[str]:
+    """:func:`device_key_of` of each record, in one comprehension: a call per
+    record cost the taxi runner's client a third more (0.30 against 0.22
+    CPU-seconds per million records)."""
+    return [text[12:text.index('"', 12)] for text in texts]
+
+
 def check_taxi_layout(line: str) -> None:
     """Fails unless :func:`seq_of` and :func:`device_key_of` read ``line``
     exactly as a JSON parse does: a guard against a changed generator."""
@@ -105,6 +112,31 @@ def read_lines(path: Path) -> Generator[str, None, None]:
     with path.open() as lines:
         for line in lines:
             yield line.rstrip("\n")
+
+
+def read_line_chunks(path: Path, count: int, block_chars: int = 1 << 22
+                     ) -> Generator[list[str], None, None]:
+    """The data file's records, one a line, without line ends, in lists of
+    ``count`` (the last one shorter). The file is read in blocks of
+    ``block_chars`` characters split at line ends, not line by line: per
+    million taxi records 0.17 to 0.19 CPU-seconds against 0.22 to 0.26 for
+    :func:`read_lines` cut into lists. A last line without a line end is a
+    record too, as it is for :func:`read_lines`."""
+    lines: list[str] = []
+    carry = ""
+    with path.open() as text:
+        while block := text.read(block_chars):
+            parts = (carry + block).split("\n")
+            carry = parts.pop()
+            lines.extend(parts)
+            while len(lines) >= count:
+                yield lines[:count]
+                del lines[:count]
+    if carry:
+        lines.append(carry)
+    while lines:
+        yield lines[:count]
+        del lines[:count]
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ functions every system runs), sending every record, draining, reading the
 results table and writing the result file. The CPU counted is this client
 process's plus every member's (``/proc/<pid>/stat``).
 
-taxi records are sent keyed by their device (``common.device_key_of``, a slice
+taxi records are sent keyed by their device (``common.device_keys_of``, a slice
 rather than a JSON parse) so each device's positions stay in order, as the
 demo does, and the job says so: its ``track`` reduce is prepartitioned (keyed
 by the device too), so it runs in the task that parses, with no shuffle
@@ -37,13 +37,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import itertools
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from common import REPO_ROOT, arguments, device_key_of, measured, read_lines, write_result
+from common import REPO_ROOT, arguments, device_keys_of, measured, read_line_chunks, write_result
 
 sys.path.insert(0, str(REPO_ROOT))
 
@@ -97,12 +96,12 @@ async def run(args: argparse.Namespace) -> None:
                            "state_servers": args.state_servers, "job": job_id}
 
 
-def read_chunk(records: Iterator[str], count: int, keyed: bool
+def read_chunk(chunks: Iterator[list[str]], keyed: bool
                ) -> tuple[list[str], list[str] | None]:
-    """The next ``count`` records of the data file (fewer at its end, none
-    past it), with their devices as keys when ``keyed``."""
-    values = list(itertools.islice(records, count))
-    return values, [device_key_of(text) for text in values] if keyed else None
+    """The next chunk of the data file's records (none past its end), with
+    their devices as keys when ``keyed``."""
+    values = next(chunks, [])
+    return values, device_keys_of(values) if keyed else None
 
 
 async def send_file(client: Client, job_id: str, path: Path, keyed: bool) -> None:
@@ -113,10 +112,9 @@ async def send_file(client: Client, job_id: str, path: Path, keyed: bool) -> Non
     stops the reading; the ExceptionGroup raised holds its error (the run
     fails, and the driver shows the log's traceback)."""
     async with asyncio.TaskGroup() as sends:
-        with contextlib.closing(read_lines(path)) as records:
+        with contextlib.closing(read_line_chunks(path, READ_CHUNK_RECORDS)) as chunks:
             while True:
-                values, keys = await asyncio.to_thread(read_chunk, records,
-                                                       READ_CHUNK_RECORDS, keyed)
+                values, keys = await asyncio.to_thread(read_chunk, chunks, keyed)
                 if not values:
                     break
                 sends.create_task(client.send(job_id, values, keys))
