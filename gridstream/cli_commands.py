@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
-import itertools
 import json
 import os
 import sys
@@ -184,7 +184,8 @@ def metrics_by_address(run_dir: str | Path) -> dict[str, str]:
 
 
 SEND_CHUNK_RECORDS = 50_000
-"""Records read from a file per ``Client.send`` call (a file is never held whole)."""
+"""Records read from a file and not yet handed to the sender at most (a file
+is never held whole; see :class:`gridstream.recordfeed.RecordFeed`)."""
 
 
 def read_records(path: str, fmt: str, key_field: str | None
@@ -237,20 +238,30 @@ async def run_send(args: argparse.Namespace, scheduler: str, security: SecurityC
     batches are spread over the partitions and no order is kept), and the
     key stays on the record to the sink, where it keys the result row."""
     from gridstream.client import Client
+    from gridstream.producer import Producer
+    from gridstream.recordfeed import RecordFeed
 
     if await asyncio.to_thread(os.path.isdir, args.file):
         return await run_send_directory(args, scheduler, security)
     fmt = send_format(args.file, args.format)
-    total = 0
+    feed = RecordFeed(read_records(args.file, fmt, args.key_field), SEND_CHUNK_RECORDS,
+                      name=f"reading {args.file}")
+    read_error: OSError | ValueError | None = None
     async with Client(scheduler, batch_size=args.batch_size, security=security) as client:
-        records = read_records(args.file, fmt, args.key_field)
-        try:
-            while chunk := list(itertools.islice(records, SEND_CHUNK_RECORDS)):
-                keys = [k for k, _ in chunk] if args.key_field else None
-                total += await client.send(args.job_id, [v for _, v in chunk], keys)
-        except (OSError, ValueError) as exc:
-            print(f"gridstream: {exc} ({total} records were sent before it)", file=sys.stderr)
-            return 1
+        # Records go on as they are read (a pipe's too, not once a chunk
+        # fills): everything put while a send is in flight is the next send.
+        async with Producer(client, args.job_id) as producer:
+            try:
+                async with contextlib.aclosing(feed.batches()) as batches:
+                    async for chunk in batches:
+                        keys = [k for k, _ in chunk] if args.key_field else None
+                        await producer.put([v for _, v in chunk], keys)
+            except (OSError, ValueError) as exc:
+                read_error = exc  # what was read before it is still sent
+        total = producer.acknowledged
+    if read_error is not None:
+        print(f"gridstream: {read_error} ({total} records were sent before it)", file=sys.stderr)
+        return 1
     how = (f"keyed by {args.key_field!r}" if args.key_field
            else "without keys: no order is kept between batches; --key-field keeps each key's")
     print(f"sent {total} records to job {args.job_id} ({how})")

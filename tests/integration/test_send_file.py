@@ -187,3 +187,69 @@ async def test_a_graph_of_user_code_runs_on_the_cluster(cluster: tuple[str, Path
             [r["user"], f"{r['seq']};"] for r in RECORDS)
         with pytest.raises(InvalidArgument, match="has no sink 'nope'"):
             await client.results(job_id, sink="nope")
+
+
+async def test_records_piped_to_send_go_on_before_the_pipe_closes(
+        cluster: tuple[str, Path]) -> None:
+    # ``tail -f log | gridstream send JOB -``: records written to the pipe
+    # must reach the job while the pipe stays open. Read in chunks of 50,000
+    # records, these three waited until the pipe closed, and the results
+    # below never showed them.
+    address, root = cluster
+    job_id = await submit(address, root)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gridstream.cli", "send", job_id, "-", "--key-field", "user",
+        "--scheduler", address, cwd=str(REPO_ROOT), stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert process.stdin is not None
+    try:
+        first = RECORDS[:3]
+        process.stdin.write("".join(json.dumps(r) + "\n" for r in first).encode())
+        await process.stdin.drain()
+        expected: dict[str, str] = {}
+        for record in first:
+            expected[record["user"]] = expected.get(record["user"], "") + f"{record['seq']};"
+        rows: dict[str, object] = {}
+        async with Client(address) as client:
+            deadline = asyncio.get_running_loop().time() + 60
+            while rows != expected:
+                assert asyncio.get_running_loop().time() < deadline, (
+                    f"records piped in did not arrive while the pipe was open: {rows}")
+                assert process.returncode is None
+                await client.drain(job_id, timeout_s=30)
+                rows = await client.results(job_id)
+                if rows != expected:
+                    await asyncio.sleep(0.1)  # polling, bounded by the deadline
+        rest = RECORDS[3:]
+        process.stdin.write("".join(json.dumps(r) + "\n" for r in rest).encode())
+        process.stdin.close()
+        out, err = await asyncio.wait_for(process.communicate(), timeout=120)
+        assert process.returncode == 0, err.decode()
+        assert f"sent {len(RECORDS)} records to job {job_id}" in out.decode()
+        async with Client(address) as client:
+            await client.drain(job_id, timeout_s=120)
+            assert await client.results(job_id) == reference()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+async def test_a_bad_line_stops_the_send_after_the_records_before_it(
+        cluster: tuple[str, Path]) -> None:
+    address, root = cluster
+    job_id = await submit(address, root)
+    path = root / "half-bad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS[:10]) + "{not json\n"
+                    + json.dumps(RECORDS[10]) + "\n")
+    code, _, err = await gridstream("send", job_id, str(path), "--key-field", "user",
+                                    "--scheduler", address)
+    assert code == 1
+    assert "line 11 is not JSON" in err and "(10 records were sent before it)" in err
+    async with Client(address) as client:
+        await client.drain(job_id, timeout_s=120)
+        rows = await client.results(job_id)
+    expected: dict[str, str] = {}
+    for record in RECORDS[:10]:
+        expected[record["user"]] = expected.get(record["user"], "") + f"{record['seq']};"
+    assert rows == expected
