@@ -17,6 +17,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -65,11 +66,17 @@ USERS = ["ann", "bob", "cyd", "dee", "eve"]
 RECORDS = [{"user": USERS[i % 5] if i % 7 else "ann", "seq": i} for i in range(3000)]
 
 
-def reference() -> dict[str, str]:
+def reference(records: list[dict[str, Any]] = RECORDS) -> dict[str, str]:
+    """Each user's sequence numbers in the records' order, as the job joins them."""
     out: dict[str, str] = {}
-    for record in RECORDS:
+    for record in records:
         out[record["user"]] = out.get(record["user"], "") + f"{record['seq']};"
     return out
+
+
+def json_lines(records: list[dict[str, Any]]) -> str:
+    """The records as a JSON-lines file's text."""
+    return "".join(json.dumps(r) + "\n" for r in records)
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -132,7 +139,7 @@ async def test_a_jsonl_file_sent_keyed_keeps_each_keys_order(
     address, root = cluster
     job_id = await submit(address, root)
     path = root / "clicks.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    path.write_text(json_lines(RECORDS))
     code, out, err = await gridstream("send", job_id, str(path), "--key-field", "user",
                                       "--batch-size", "100", "--scheduler", address)
     assert code == 0, err
@@ -204,11 +211,9 @@ async def test_records_piped_to_send_go_on_before_the_pipe_closes(
     assert process.stdin is not None
     try:
         first = RECORDS[:3]
-        process.stdin.write("".join(json.dumps(r) + "\n" for r in first).encode())
+        process.stdin.write(json_lines(first).encode())
         await process.stdin.drain()
-        expected: dict[str, str] = {}
-        for record in first:
-            expected[record["user"]] = expected.get(record["user"], "") + f"{record['seq']};"
+        expected = reference(first)
         rows: dict[str, object] = {}
         async with Client(address) as client:
             deadline = asyncio.get_running_loop().time() + 60
@@ -221,7 +226,7 @@ async def test_records_piped_to_send_go_on_before_the_pipe_closes(
                 if rows != expected:
                     await asyncio.sleep(0.1)  # polling, bounded by the deadline
         rest = RECORDS[3:]
-        process.stdin.write("".join(json.dumps(r) + "\n" for r in rest).encode())
+        process.stdin.write(json_lines(rest).encode())
         process.stdin.close()
         out, err = await asyncio.wait_for(process.communicate(), timeout=120)
         assert process.returncode == 0, err.decode()
@@ -240,16 +245,11 @@ async def test_a_bad_line_stops_the_send_after_the_records_before_it(
     address, root = cluster
     job_id = await submit(address, root)
     path = root / "half-bad.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS[:10]) + "{not json\n"
-                    + json.dumps(RECORDS[10]) + "\n")
+    path.write_text(json_lines(RECORDS[:10]) + "{not json\n" + json_lines(RECORDS[10:11]))
     code, _, err = await gridstream("send", job_id, str(path), "--key-field", "user",
                                     "--scheduler", address)
     assert code == 1
     assert "line 11 is not JSON" in err and "(10 records were sent before it)" in err
     async with Client(address) as client:
         await client.drain(job_id, timeout_s=120)
-        rows = await client.results(job_id)
-    expected: dict[str, str] = {}
-    for record in RECORDS[:10]:
-        expected[record["user"]] = expected.get(record["user"], "") + f"{record['seq']};"
-    assert rows == expected
+        assert await client.results(job_id) == reference(RECORDS[:10])
