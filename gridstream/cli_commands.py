@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import csv
+import io
 import json
 import os
 import sys
@@ -24,6 +25,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from gridstream import rpc
 from gridstream.config import SecurityConfig
 from gridstream.errors import DeadlineExceeded, Unavailable, from_rpc_error
+from gridstream.producer import Producer
+from gridstream.recordfeed import RecordFeed
 from gridstream.types import Member
 from gridstream.v1 import scheduler_pb2
 
@@ -194,7 +197,7 @@ def read_records(path: str, fmt: str, key_field: str | None
     file (a dict of strings, by the header), ``-`` meaning stdin. With
     ``key_field``, the key is that field of the record (a str or int; the
     record keeps it too). Raises ValueError naming the line of a bad one."""
-    handle = sys.stdin if path == "-" else open(path, newline="", encoding="utf-8")
+    handle = _stdin_text() if path == "-" else open(path, newline="", encoding="utf-8")
     with handle:
         rows: Iterator[tuple[int, Any]]
         if fmt == "csv":
@@ -213,6 +216,15 @@ def read_records(path: str, fmt: str, key_field: str | None
                 raise ValueError(f"{path}, line {line}: field {key_field!r} is "
                                  f"{type(key).__name__}; keys must be str or int")
             yield key, record
+
+
+def _stdin_text() -> TextIO:
+    """Standard input read as a file given by its path is: UTF-8 whatever the
+    locale says, and lines left as they are (``newline=""``, which the csv
+    module needs for a quoted field that holds a line end). File descriptor
+    0 stays open."""
+    raw = open(sys.stdin.fileno(), "rb", closefd=False)
+    return io.TextIOWrapper(raw, encoding="utf-8", newline="")
 
 
 def _json_lines(handle: TextIO) -> Iterator[tuple[int, Any]]:
@@ -238,8 +250,6 @@ async def run_send(args: argparse.Namespace, scheduler: str, security: SecurityC
     batches are spread over the partitions and no order is kept), and the
     key stays on the record to the sink, where it keys the result row."""
     from gridstream.client import Client
-    from gridstream.producer import Producer
-    from gridstream.recordfeed import RecordFeed
 
     if await asyncio.to_thread(os.path.isdir, args.file):
         return await run_send_directory(args, scheduler, security)
@@ -250,14 +260,26 @@ async def run_send(args: argparse.Namespace, scheduler: str, security: SecurityC
     async with Client(scheduler, batch_size=args.batch_size, security=security) as client:
         # Records go on as they are read (a pipe's too, not once a chunk
         # fills): everything put while a send is in flight is the next send.
-        async with Producer(client, args.job_id) as producer:
+        # A failed send ends the command at once, even while the input
+        # has nothing new to read.
+        async with Producer(client, args.job_id, max_send_records=SEND_CHUNK_RECORDS,
+                            max_buffered_records=SEND_CHUNK_RECORDS) as producer:
+            reading = asyncio.create_task(_put_as_read(feed, producer, bool(args.key_field)),
+                                          name=f"sending {args.file}")
+            stopped = asyncio.create_task(producer.wait_stopped(),
+                                          name=f"watching the sends of {args.file}")
             try:
-                async with contextlib.aclosing(feed.batches()) as batches:
-                    async for chunk in batches:
-                        keys = [k for k, _ in chunk] if args.key_field else None
-                        await producer.put([v for _, v in chunk], keys)
-            except (OSError, ValueError) as exc:
-                read_error = exc  # what was read before it is still sent
+                await asyncio.wait({reading, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                reading.cancel()
+                stopped.cancel()
+                outcome, _ = await asyncio.gather(reading, stopped, return_exceptions=True)
+            if isinstance(outcome, OSError | ValueError):
+                read_error = outcome  # what was read before it is still sent
+            elif isinstance(outcome, Exception):
+                raise outcome
+            # Otherwise the input ended, or a send failed: leaving the
+            # producer flushes, and raises that failure with its counts.
         total = producer.acknowledged
     if read_error is not None:
         print(f"gridstream: {read_error} ({total} records were sent before it)", file=sys.stderr)
@@ -266,6 +288,15 @@ async def run_send(args: argparse.Namespace, scheduler: str, security: SecurityC
            else "without keys: no order is kept between batches; --key-field keeps each key's")
     print(f"sent {total} records to job {args.job_id} ({how})")
     return 0
+
+
+async def _put_as_read(feed: RecordFeed[tuple[Any, Any]], producer: Producer,
+                       keyed: bool) -> None:
+    """Puts the (key, record) pairs into the producer as the feed reads them."""
+    async with contextlib.aclosing(feed.batches()) as batches:
+        async for chunk in batches:
+            await producer.put([record for _, record in chunk],
+                               [key for key, _ in chunk] if keyed else None)
 
 
 async def run_send_directory(args: argparse.Namespace, scheduler: str,

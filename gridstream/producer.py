@@ -190,6 +190,14 @@ class Producer:
                 lambda: self._stopped or (self._buffered == 0 and self._in_flight == 0))
             self._raise_if_stopped()
 
+    async def wait_stopped(self) -> None:
+        """Returns once the producer has stopped: a send failed (the error
+        :meth:`put`, :meth:`flush` and :meth:`close` raise), or it was closed
+        or aborted. For a caller that waits on its input between puts (a
+        pipe) and must not learn of a failure only at its next record."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self._stopped)
+
     @property
     def buffered(self) -> int:
         """Records put and not yet handed to a send."""

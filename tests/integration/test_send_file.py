@@ -253,3 +253,29 @@ async def test_a_bad_line_stops_the_send_after_the_records_before_it(
     async with Client(address) as client:
         await client.drain(job_id, timeout_s=120)
         assert await client.results(job_id) == reference(RECORDS[:10])
+
+
+async def test_a_failed_send_ends_a_piped_send_while_the_pipe_is_open(
+        cluster: tuple[str, Path]) -> None:
+    # The send fails (no such job) while the pipe has nothing more to read:
+    # the command must end with the error now, not at the next line or
+    # when the pipe closes.
+    address, _ = cluster
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "gridstream.cli", "send", "nosuchjob-00000000", "-",
+        "--scheduler", address, cwd=str(REPO_ROOT), stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    assert process.stdin is not None and process.stderr is not None
+    try:
+        process.stdin.write(json_lines(RECORDS[:1]).encode())
+        await process.stdin.drain()
+        code = await asyncio.wait_for(process.wait(), timeout=60)
+        err = (await process.stderr.read()).decode()
+        assert code == 2, err
+        assert "unknown job id 'nosuchjob-00000000'" in err
+        assert "a send of 1 records failed" in err
+        assert "Fatal Python error" not in err
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

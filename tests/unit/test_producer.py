@@ -217,3 +217,28 @@ async def test_a_failure_beside_a_send_that_succeeds_counts_each_once() -> None:
     assert producer.unsent == [(None, ["d"])]
     assert len(held.sends) == 2  # nothing was taken after the failure
     await producer.abort()
+
+
+async def test_wait_stopped_returns_once_a_send_fails_and_not_before() -> None:
+    held = HeldSends()
+    producer = producer_of(held)
+    await producer.put(["a"])
+    await held.wait_sends(1)
+    watcher = asyncio.create_task(producer.wait_stopped())
+    await asyncio.sleep(0)
+    assert not watcher.done()  # a send in flight is not a stop
+    held.release(0, Unavailable("worker-1 went away"))
+    async with asyncio.timeout(5):
+        await watcher
+    with pytest.raises(Unavailable, match="a send of 1 records failed"):
+        await producer.close()
+
+
+async def test_wait_stopped_returns_once_the_producer_is_closed() -> None:
+    held = HeldSends()
+    producer = producer_of(held)
+    producer.start()
+    watcher = asyncio.create_task(producer.wait_stopped())
+    await producer.close()
+    async with asyncio.timeout(5):
+        await watcher
