@@ -39,12 +39,16 @@ class RecordFeed(Generic[T]):
         self._done = False
         self._error: BaseException | None = None
         self._stopped = False
+        self._started = False
 
     async def batches(self) -> AsyncGenerator[list[T], None]:
         """The items as the thread reads them, in order; ends at the end of
         the iterator, raises its error. Leaving the loop early stops the
         thread at its next item (a thread blocked in a read stays blocked:
-        it is a daemon and holds nothing)."""
+        it is a daemon and holds nothing). A feed is read once."""
+        if self._started:
+            raise RuntimeError(f"{self._name}: a RecordFeed is read once")
+        self._started = True
         loop = asyncio.get_running_loop()
         ready = asyncio.Event()
         thread = threading.Thread(target=self._read_all, args=(loop, ready),

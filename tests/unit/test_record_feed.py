@@ -74,3 +74,10 @@ async def test_leaving_early_stops_the_thread() -> None:
 def test_max_items_must_be_positive() -> None:
     with pytest.raises(ValueError, match="max_items"):
         RecordFeed(iter([]), 0)
+
+
+async def test_a_feed_is_read_once() -> None:
+    feed = RecordFeed(iter([1, 2]), 10)
+    assert [item for batch in await collect(feed) for item in batch] == [1, 2]
+    with pytest.raises(RuntimeError, match="read once"):
+        await collect(feed)
