@@ -39,6 +39,12 @@ ResponseT = TypeVar("ResponseT")
 ResultT = TypeVar("ResultT")
 
 
+_NO_PEER_STATUS = frozenset({grpc.StatusCode.OK, grpc.StatusCode.CANCELLED,
+                             grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN})
+"""Final statuses of an ended stream that do not come from the peer's
+answer: gRPC's own for a stream cut or cancelled on this side."""
+
+
 def rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
     """The error a unary call would have raised with this status."""
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
@@ -112,19 +118,30 @@ class CallStreams(Generic[RequestT, ResponseT]):
             stream = self._open(address)
             try:
                 await stream.write(request)
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.INTERNAL:
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                if isinstance(exc, grpc.aio.AioRpcError) and exc.code() != grpc.StatusCode.INTERNAL:
                     raise
-                # The peer ended the new stream (a stopping server, say) while
-                # the request was on its way: gRPC reports a local INTERNAL
-                # then, not the peer's status, just as it raises
-                # InvalidStateError when the stream ended before the write.
-                raise asyncio.InvalidStateError(exc.details()) from exc
+                await self._raise_ended_status(stream, exc)
         response = await stream.read()
         if response is grpc.aio.EOF:
             raise rpc_error(grpc.StatusCode.UNAVAILABLE,
                             f"the peer ended the {self._stream_method} stream")
         return response  # type: ignore[no-any-return]
+
+    async def _raise_ended_status(self, stream: grpc.aio.StreamStreamCall,
+                                  failed_write: BaseException) -> None:
+        """Raises why a new stream ended before its first request could be
+        written. The peer ended it at once: gRPC's write then raises
+        InvalidStateError (ended before the write) or a local INTERNAL (ended
+        while the request was on its way), not the peer's status. The peer's
+        status says what happened: UNIMPLEMENTED from a member without the
+        stream method (``call`` then goes unary), UNAUTHENTICATED, or
+        UNAVAILABLE from a stopping server. Without one (the stream was cut),
+        InvalidStateError, which ``call`` reports as UNAVAILABLE."""
+        ended = await stream.code()
+        if ended not in _NO_PEER_STATUS:
+            raise rpc_error(ended, await stream.details()) from failed_write
+        raise asyncio.InvalidStateError(str(failed_write)) from failed_write
 
     def _open(self, address: str) -> grpc.aio.StreamStreamCall:
         stub = self._channels.stub(address, self._make_stub)

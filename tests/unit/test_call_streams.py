@@ -178,6 +178,40 @@ async def test_a_peer_without_the_stream_method_is_called_unary(
         assert (found.unary_calls, streams.opened) == (3, 1)
 
 
+class WrittenAfterItsEnd:
+    """A real new stream whose first write waits until the peer has ended
+    it: what happens when a member without the stream method answers
+    UNIMPLEMENTED before the request is written (a loaded machine)."""
+
+    def __init__(self, stream: grpc.aio.StreamStreamCall) -> None:
+        self.stream = stream
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.stream, name)
+
+    async def write(self, request: worker_pb2.ReplicateManyRequest) -> None:
+        await self.stream.code()
+        await self.stream.write(request)
+
+
+async def test_a_peer_that_refuses_the_stream_before_the_first_write_is_called_unary(
+        channels: rpc.ChannelPool) -> None:
+    found = UnaryOnlyPeer(rpc.StreamAnswers())
+    async with serving(found) as address:
+        streams = streams_of(channels)
+        open_stream = streams._open
+
+        def open_late(to: str) -> WrittenAfterItsEnd:
+            late = WrittenAfterItsEnd(open_stream(to))
+            streams._streams[to] = late  # type: ignore[assignment]
+            return late
+
+        streams._open = open_late  # type: ignore[assignment,method-assign]
+        answers = [answered(await streams.call(address, asking(p), 5.0)) for p in (1, 2)]
+        assert answers == [1, 2]
+        assert (found.unary_calls, streams.opened) == (2, 1)
+
+
 async def test_a_peer_restarted_between_calls_gets_the_next_request_on_a_new_stream(
         channels: rpc.ChannelPool) -> None:
     first = Peer(rpc.StreamAnswers())
@@ -270,6 +304,12 @@ class EndedWhileWritten:
     def cancel(self) -> bool:
         self.cancelled = True
         return True
+
+    async def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.INTERNAL  # cut: no status from the peer
+
+    async def details(self) -> str:
+        return "Internal error from Core"
 
 
 async def test_a_stream_ended_while_its_first_request_is_written_is_unavailable(
