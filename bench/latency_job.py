@@ -73,6 +73,7 @@ class Recorder:
         self._counts: Counter[int] = Counter()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
         directory = os.environ.get(ENV)
         self.path = Path(directory) / f"{point}-{os.getpid()}.jsonl" if directory else None
 
@@ -81,6 +82,15 @@ class Recorder:
         every stamp (0 means unstamped: skipped)."""
         if self.path is None:
             return
+        self.count(stamps, now)
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._flush_forever,
+                                                name=f"latency {self.point}", daemon=True)
+                self._thread.start()
+
+    def count(self, stamps: list[float], now: float | None = None) -> None:
+        """Counts as :meth:`observe` does, without writing anything."""
         if now is None:
             now = time.time()
         with self._lock:
@@ -88,10 +98,6 @@ class Recorder:
                 self._count_each(stamps, now)
             else:
                 self._count_vectorised(stamps, now)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._flush_forever,
-                                                name=f"latency {self.point}", daemon=True)
-                self._thread.start()
 
     def _count_each(self, stamps: list[float], now: float) -> None:
         counts, scale = self._counts, 1.0 / RESOLUTION_S
@@ -124,15 +130,28 @@ class Recorder:
                 self._counts.update(dict(zip((present + (second * SPAN + low)).tolist(),
                                              counts[present].tolist(), strict=True)))
 
+    def close(self) -> None:
+        """Stops the flushing thread after a last flush. A worker's recorders
+        live as long as its process; a test's must not outlive the test (a
+        pytest process that made hundreds kept their threads contending for
+        the GIL with every later test)."""
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
     def _flush_forever(self) -> None:
+        while not self._closed.wait(FLUSH_S):
+            self._flush()
+        self._flush()
+
+    def _flush(self) -> None:
         assert self.path is not None
-        while True:
-            time.sleep(FLUSH_S)
-            with self._lock:
-                counts, self._counts = self._counts, Counter()
-            if counts:
-                with self.path.open("a") as out:
-                    out.write(json.dumps(list(counts.items()), separators=(",", ":")) + "\n")
+        with self._lock:
+            counts, self._counts = self._counts, Counter()
+        if counts:
+            with self.path.open("a") as out:
+                out.write(json.dumps(list(counts.items()), separators=(",", ":")) + "\n")
 
 
 _SOURCE = Recorder("source")

@@ -348,58 +348,69 @@ def _guarded(handler: grpc.RpcMethodHandler, method: str,
 # -- the client side -------------------------------------------------------------
 
 
-def _with_secret(details: grpc.aio.ClientCallDetails,
-                 secret: str) -> grpc.aio.ClientCallDetails:
+def _with_metadata(details: grpc.aio.ClientCallDetails,
+                   pairs: tuple[tuple[str, str], ...]) -> grpc.aio.ClientCallDetails:
     metadata = grpc.aio.Metadata(*(details.metadata or ()))
-    metadata.add(MEMBER_METADATA, secret)
+    for key, value in pairs:
+        metadata.add(key, value)
     return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata,
                                       details.credentials, details.wait_for_ready)
 
 
-class _UnaryMemberCredentials(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    """Adds the cluster secret to every unary call of a member's channel."""
+class _UnaryCallMetadata(grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    """Adds the channel's credentials metadata to every unary call."""
 
-    def __init__(self, secret: str) -> None:
-        self.secret = secret
+    def __init__(self, pairs: tuple[tuple[str, str], ...]) -> None:
+        self.pairs = pairs
 
     async def intercept_unary_unary(self, continuation: Any, client_call_details: Any,
                                     request: Any) -> Any:
-        """Unary calls carry the secret."""
-        return await continuation(_with_secret(client_call_details, self.secret), request)
+        """Unary calls carry the metadata."""
+        return await continuation(_with_metadata(client_call_details, self.pairs), request)
 
 
-class _StreamMemberCredentials(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
-    """Adds the cluster secret to every server-streaming call of a member's channel."""
+class _StreamCallMetadata(grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    """Adds the channel's credentials metadata to every server-streaming call."""
 
-    def __init__(self, secret: str) -> None:
-        self.secret = secret
+    def __init__(self, pairs: tuple[tuple[str, str], ...]) -> None:
+        self.pairs = pairs
 
     async def intercept_unary_stream(self, continuation: Any, client_call_details: Any,
                                      request: Any) -> Any:
-        """Server-streaming calls carry the secret."""
-        return await continuation(_with_secret(client_call_details, self.secret), request)
+        """Server-streaming calls carry the metadata."""
+        return await continuation(_with_metadata(client_call_details, self.pairs), request)
 
 
-class _ClientStreamMemberCredentials(grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
-    """Adds the cluster secret to every client-streaming call of a member's channel."""
+class _ClientStreamCallMetadata(grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    """Adds the channel's credentials metadata to every client-streaming call."""
 
-    def __init__(self, secret: str) -> None:
-        self.secret = secret
+    def __init__(self, pairs: tuple[tuple[str, str], ...]) -> None:
+        self.pairs = pairs
 
     async def intercept_stream_unary(self, continuation: Any, client_call_details: Any,
                                      request_iterator: Any) -> Any:
-        """Client-streaming calls carry the secret."""
-        return await continuation(_with_secret(client_call_details, self.secret),
+        """Client-streaming calls carry the metadata."""
+        return await continuation(_with_metadata(client_call_details, self.pairs),
                                   request_iterator)
 
 
-def member_credentials(secret: str) -> list[grpc.aio.ClientInterceptor]:
-    """Client interceptors that present the cluster secret on every call (one
+def credential_interceptors(pairs: tuple[tuple[str, str], ...]
+                            ) -> list[grpc.aio.ClientInterceptor]:
+    """Client interceptors that present ``pairs`` (the cluster secret, the
+    bearer token: :func:`gridstream.rpc.call_metadata`) on every call (one
     per call kind: a channel files each interceptor under one kind only).
-    Bidirectional streams are left out: they carry it as metadata of their
-    own (:func:`gridstream.rpc.ChannelPool.metadata`), because an intercepted
-    stream finishes in ways a plain one does not (a write to a finished one
-    is an ``InvalidStateError``, and a cancelled wait on one can hang), and
-    costs more per message (gridstream/callstreams.py)."""
-    return [_UnaryMemberCredentials(secret), _StreamMemberCredentials(secret),
-            _ClientStreamMemberCredentials(secret)]
+
+    The bearer token goes as plain metadata, not as gRPC call credentials:
+    ``grpc.access_token_call_credentials`` is a Python metadata plugin, which
+    gRPC's own threads call and destroy while holding the GIL; a channel
+    closed meanwhile (its close holds the GIL and waits for those threads)
+    froze the whole process (seen in ``Client.close`` after a refused TLS
+    handshake, grpcio 1.85.1).
+
+    Bidirectional streams are left out: they carry the pairs as metadata of
+    their own (:func:`gridstream.rpc.ChannelPool.metadata`), because an
+    intercepted stream finishes in ways a plain one does not (a write to a
+    finished one is an ``InvalidStateError``, and a cancelled wait on one
+    can hang), and costs more per message (gridstream/callstreams.py)."""
+    return [_UnaryCallMetadata(pairs), _StreamCallMetadata(pairs),
+            _ClientStreamCallMetadata(pairs)]

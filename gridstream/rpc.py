@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from gridstream.auth import MEMBER_METADATA, load_cluster_secret, member_credentials
+from gridstream.auth import MEMBER_METADATA, credential_interceptors, load_cluster_secret
 from gridstream.config import SecurityConfig
 from gridstream.errors import GridstreamError, Unavailable
 
@@ -89,28 +89,40 @@ def member_secret(security: SecurityConfig, own: bool) -> str | None:
     return _held_secret if own else None
 
 
+def call_metadata(security: SecurityConfig, own: bool) -> tuple[tuple[str, str], ...]:
+    """What every call on a channel with these settings presents: the cluster
+    secret (:func:`member_secret`) and, over TLS, the bearer token (never in
+    plaintext, where anyone on the path could read it; a service with
+    tokens needs TLS). Added by the channel's interceptors
+    (:func:`gridstream.auth.credential_interceptors`), by hand on
+    bidirectional streams (:meth:`ChannelPool.metadata`) and on the blocking
+    channel's calls (:func:`member_metadata`)."""
+    secret = member_secret(security, own)
+    pairs: tuple[tuple[str, str], ...] = ((MEMBER_METADATA, secret),) if secret else ()
+    if security.tls and security.token:
+        pairs += (("authorization", f"Bearer {security.token}"),)
+    return pairs
+
+
 def channel_credentials(security: SecurityConfig) -> grpc.ChannelCredentials:
-    """TLS credentials (with a client certificate for mutual TLS, and the bearer
-    token on every call when one is set)."""
-    credentials = grpc.ssl_channel_credentials(
+    """TLS credentials, with a client certificate for mutual TLS. The bearer
+    token is call metadata (:func:`call_metadata`), not call credentials."""
+    return grpc.ssl_channel_credentials(
         root_certificates=Path(security.ca_file).read_bytes(),
         private_key=Path(security.key_file).read_bytes() if security.key_file else None,
         certificate_chain=Path(security.cert_file).read_bytes() if security.cert_file else None,
     )
-    if security.token:
-        credentials = grpc.composite_channel_credentials(
-            credentials, grpc.access_token_call_credentials(security.token))
-    return credentials
 
 
 def open_channel(address: str, security: SecurityConfig | None = None) -> grpc.aio.Channel:
     """A channel with gridstream's keepalive and size settings: TLS when the
     given (or this process's) security settings say so, plaintext otherwise;
-    every call carries the cluster secret when the settings hold one."""
+    every call carries the cluster secret and the bearer token when the
+    settings hold them (:func:`call_metadata`)."""
     own = security is None
     security = security or _process_security
-    secret = member_secret(security, own)
-    interceptors = member_credentials(secret) if secret else None
+    pairs = call_metadata(security, own)
+    interceptors = credential_interceptors(pairs) if pairs else None
     if security.tls:
         return grpc.aio.secure_channel(address, channel_credentials(security),
                                        options=CHANNEL_OPTIONS, interceptors=interceptors)
@@ -130,10 +142,10 @@ def open_blocking_channel(address: str) -> grpc.Channel:
 
 
 def member_metadata() -> tuple[tuple[str, str], ...]:
-    """The call metadata that presents this process's cluster secret (empty
-    without one): what :func:`open_channel`'s interceptors add to each call."""
-    secret = member_secret(_process_security, own=True)
-    return ((MEMBER_METADATA, secret),) if secret else ()
+    """The call metadata that presents this process's cluster secret and
+    token (:func:`call_metadata`): what :func:`open_channel`'s interceptors
+    add to each call."""
+    return call_metadata(_process_security, own=True)
 
 
 def server_credentials(security: SecurityConfig) -> grpc.ServerCredentials:
@@ -169,11 +181,10 @@ class ChannelPool:
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """What a bidirectional stream on these channels presents itself
-        with (the cluster secret, when the settings hold one): the
-        channels' interceptors add it to every other kind of call."""
-        security = self._security or _process_security
-        secret = member_secret(security, own=self._security is None)
-        return ((MEMBER_METADATA, secret),) if secret else ()
+        with (:func:`call_metadata`): the channels' interceptors add it to
+        every other kind of call."""
+        return call_metadata(self._security or _process_security,
+                             own=self._security is None)
 
     def get(self, address: str) -> grpc.aio.Channel:
         """The channel to an address."""

@@ -5,6 +5,7 @@ read back per interval."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -68,15 +69,17 @@ def test_observations_are_counted_by_due_second_and_read_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(latency_job.ENV, str(tmp_path))
     monkeypatch.setattr(latency_job, "FLUSH_S", 0.01)
-    recorder = latency_job.Recorder("sink")
     now = 1_800_000_000.0
-    # 15.625 ms twice (due in the second before), 1.5 s once, and an unstamped record.
-    recorder.observe([now - 0.015625, now - 0.015625, now - 1.5, 0.0], now=now)
-    expected = {(1_799_999_999, 156): 2, (1_799_999_998, 15_000): 1}
-    deadline = time.monotonic() + 10
-    while latency_job.read_observations(tmp_path, "sink").total() < 3:
-        assert time.monotonic() < deadline, "the recorder's thread wrote nothing"
-        time.sleep(0.01)
+    with contextlib.closing(latency_job.Recorder("sink")) as recorder:
+        # 15.625 ms twice (due in the second before), 1.5 s once, and an unstamped record.
+        recorder.observe([now - 0.015625, now - 0.015625, now - 1.5, 0.0], now=now)
+        expected = {(1_799_999_999, 156): 2, (1_799_999_998, 15_000): 1}
+        deadline = time.monotonic() + 10
+        while latency_job.read_observations(tmp_path, "sink").total() < 3:
+            assert time.monotonic() < deadline, "the recorder's thread wrote nothing"
+            time.sleep(0.01)
+        flushing = recorder._thread
+    assert flushing is not None and not flushing.is_alive()  # closed: no thread outlives it
     observed = latency_job.read_observations(tmp_path, "sink")
     assert observed == expected
     assert steps_between(observed, 1_799_999_999, 1_800_000_004) == {156: 2}
@@ -84,12 +87,10 @@ def test_observations_are_counted_by_due_second_and_read_back(
 
 
 @pytest.mark.parametrize("spread_s", [0.02, 1.5, 30.0, 5_000.0])
-def test_a_large_batch_is_counted_as_record_by_record(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spread_s: float) -> None:
+def test_a_large_batch_is_counted_as_record_by_record(spread_s: float) -> None:
     """Batches above SMALL_BATCH take the vectorised path (bincount per
     second, or a sort when spread out); its counts equal the per-record
     loop's, across second boundaries, unstamped records and future stamps."""
-    monkeypatch.setenv(latency_job.ENV, str(tmp_path))
     rng = random.Random(7)
     now = 1_800_000_000.25
     for _ in range(50):
@@ -98,10 +99,10 @@ def test_a_large_batch_is_counted_as_record_by_record(
         stamps = [0.0 if rng.random() < 0.05 else start + rng.random() * spread_s * 1.2
                   for _ in range(count)]
         vectorised = latency_job.Recorder("sink")
-        vectorised.observe(stamps, now=now)
+        vectorised.count(stamps, now=now)
         one_by_one = latency_job.Recorder("source")
         for stamp in stamps:
-            one_by_one.observe([stamp], now=now)
+            one_by_one.count([stamp], now=now)
         assert vectorised._counts == one_by_one._counts
         assert vectorised._counts.total() == sum(1 for s in stamps if s > 0)
 
