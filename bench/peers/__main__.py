@@ -161,6 +161,15 @@ class Run:
         """Records per CPU-second of all the system's processes."""
         return self.records / self.cpu_seconds if self.cpu_seconds else 0.0
 
+    @property
+    def cores(self) -> float:
+        """Cores the system's processes kept busy on average over the timed
+        window (CPU-seconds over seconds). A multi-process system's rate
+        moves with how much of the machine's cores it gets: two runs of the
+        same code with the same CPU-seconds differed by a fifth in rate when
+        one got 1.5 cores and the other 1.8 (docs/benchmarks.md)."""
+        return self.cpu_seconds / self.seconds if self.seconds else 0.0
+
 
 def loud(message: str) -> None:
     """A failure, impossible to miss in the scrolling output."""
@@ -258,6 +267,8 @@ class Row:
     rate_ratio: float | None = None
     cpu_ratio: float | None = None
     against: str = ""
+    cores: float = 0.0
+    """The median of :attr:`Run.cores`."""
 
 
 def _paired_ratio(numerator: list[Run], denominator: list[Run],
@@ -288,7 +299,8 @@ def summarise(results: list[Run], order: list[System]) -> list[Row]:
                 statistics.median(r.rate for r in good),
                 statistics.median(r.cpu_seconds for r in good),
                 statistics.median(r.per_cpu for r in good),
-                max(r.peak_rss_bytes for r in good) / 2**20)
+                max(r.peak_rss_bytes for r in good) / 2**20,
+                cores=statistics.median(r.cores for r in good))
         for row in by_name.values():
             against = ("gridstream exactly_once" if row.fault_tolerance
                        else "gridstream at_most_once")
@@ -318,7 +330,7 @@ def _si(value: float) -> str:
 def table(rows: list[Row], sizes: dict[str, int], header: str) -> str:
     """The text table: one block per workload."""
     lines = [header, ""]
-    columns = (f"{'system':<26}{'FT':>4}{'runs':>5}{'records/s':>12}{'CPU-s':>8}"
+    columns = (f"{'system':<26}{'FT':>4}{'runs':>5}{'records/s':>12}{'CPU-s':>8}{'cores':>7}"
                f"{'rec/CPU-s':>11}{'peak MB':>9}{'gs rate x':>11}{'gs rec/CPU x':>14}  vs")
     for workload in WORKLOADS:
         block = [r for r in rows if r.workload == workload]
@@ -331,13 +343,15 @@ def table(rows: list[Row], sizes: dict[str, int], header: str) -> str:
             cpu_ratio = f"{r.cpu_ratio:.2f}" if r.cpu_ratio is not None else "-"
             lines.append(
                 f"{r.system:<26}{'on' if r.fault_tolerance else 'off':>4}{r.runs:>5}"
-                f"{r.rate:>12,.0f}{r.cpu_seconds:>8.2f}{r.per_cpu:>11,.0f}{r.peak_mb:>9,.0f}"
+                f"{r.rate:>12,.0f}{r.cpu_seconds:>8.2f}{r.cores:>7.2f}{r.per_cpu:>11,.0f}"
+                f"{r.peak_mb:>9,.0f}"
                 f"{rate_ratio:>11}{cpu_ratio:>14}  {r.against}".rstrip())
         lines.append("")
     lines.append("gs rate x / gs rec/CPU x: gridstream's records/s and records per CPU-second "
                  "divided by the row's,\n  exactly_once against fault tolerance on, "
                  "at_most_once against off; on gridstream's own exactly_once row,\n"
                  "  exactly_once over at_most_once; each the median of the per-round ratios.\n"
+                 "cores: CPU-seconds over seconds, the cores the system's processes kept busy.\n"
                  "Peak MB: the largest over the rounds of the sum of the processes' peak RSS. "
                  "Other figures:\n  medians of the rounds that passed.")
     return "\n".join(lines)
@@ -494,7 +508,8 @@ def main() -> None:
                 if run.ok:
                     print(f"round {number} {workload:<9} {system.name:<26} "
                           f"{run.rate:>12,.0f} {UNITS[workload]}/s  {run.cpu_seconds:7.2f} CPU-s "
-                          f"{run.per_cpu:>11,.0f}/CPU-s  {run.peak_rss_bytes / 2**20:7,.0f} MB"
+                          f"{run.cores:5.2f} cores {run.per_cpu:>11,.0f}/CPU-s  "
+                          f"{run.peak_rss_bytes / 2**20:7,.0f} MB"
                           "  result MATCH", flush=True)
     header = (f"gridstream vs peers, {started:%Y-%m-%d %H:%M} UTC, {platform.node()}, "
               f"{os.cpu_count()} cores, Python {platform.python_version()}; "
