@@ -165,9 +165,10 @@ class Run:
     def cores(self) -> float:
         """Cores the system's processes kept busy on average over the timed
         window (CPU-seconds over seconds). A multi-process system's rate
-        moves with how much of the machine's cores it gets: two runs of the
-        same code with the same CPU-seconds differed by a fifth in rate when
-        one got 1.5 cores and the other 1.8 (docs/benchmarks.md)."""
+        moves with how much of the machine's cores it gets: with another
+        process busy on the machine, gridstream's taxi runs kept 1.5 cores
+        busy instead of 1.8 and took a fifth longer for the same
+        CPU-seconds (docs/benchmarks.md)."""
         return self.cpu_seconds / self.seconds if self.seconds else 0.0
 
 
