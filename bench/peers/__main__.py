@@ -60,6 +60,14 @@ UNITS = {"wordcount": "words", "taxi": "records"}
 RUN_TIMEOUT_S = 1800.0
 """A run still going after this long is killed and counted as a failure."""
 
+BUSY_SAMPLE_S = 0.3
+"""How long the machine is watched before each run (outside its window)."""
+
+BUSY_LIMIT_CORES = 0.25
+"""Cores busy before a run above which the run is flagged: something else is
+running, and the run's figures measure it too (a stray busy loop once cost
+gridstream's taxi runs a fifth of their rate, docs/benchmarks.md)."""
+
 
 @dataclass(frozen=True)
 class System:
@@ -150,6 +158,8 @@ class Run:
     peak_rss_bytes: int = 0
     processes: int = 0
     notes: dict[str, Any] = field(default_factory=dict)
+    busy_before: float = 0.0
+    """Cores busy on the machine just before the run (:func:`machine_busy_cores`)."""
 
     @property
     def rate(self) -> float:
@@ -170,6 +180,28 @@ class Run:
         busy instead of 1.8 and took a fifth longer for the same
         CPU-seconds (docs/benchmarks.md)."""
         return self.cpu_seconds / self.seconds if self.seconds else 0.0
+
+
+def busy_cores(before: list[int], after: list[int], cores: int) -> float:
+    """Cores busy between two readings of ``/proc/stat``'s ``cpu`` line (its
+    numbers: user, nice, system, idle, iowait, irq, softirq, steal, ...):
+    the share of the time not idle or waiting for I/O, times the cores."""
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(spent[:8])
+    if total <= 0:
+        return 0.0
+    return (total - spent[3] - spent[4]) / total * cores
+
+
+def machine_busy_cores(seconds: float) -> float:
+    """Cores busy on the whole machine over the next ``seconds``."""
+    def reading() -> list[int]:
+        with open("/proc/stat") as stat:
+            return [int(n) for n in stat.readline().split()[1:]]
+
+    before = reading()
+    time.sleep(seconds)
+    return busy_cores(before, reading(), os.cpu_count() or 1)
 
 
 def loud(message: str) -> None:
@@ -204,6 +236,11 @@ def run_once(system: System, workload: str, data: Path, records: int, expected: 
     # 30 s later, it would land in this run's window and slow it down.
     os.sync()
     run = Run(workload, system.name, number, records)
+    run.busy_before = machine_busy_cores(BUSY_SAMPLE_S)
+    if run.busy_before > BUSY_LIMIT_CORES:
+        loud(f"BUSY MACHINE before {workload} on {system.name} (round {number}): "
+             f"{run.busy_before:.2f} cores busy with nothing of the bench running; "
+             "this run's figures measure that too")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PATHWAY_LICENSE", "PATHWAY_MONITORING", "BYTEWAX_"))}
     log_path = run_dir / "run.log"
@@ -437,6 +474,12 @@ def report(results: list[Run], order: list[System], sizes: dict[str, int], heade
     rows = summarise(results, order)
     text = table(rows, sizes, header)
     failures = [r for r in results if not r.ok]
+    busy = [r for r in results if r.busy_before > BUSY_LIMIT_CORES]
+    if busy:
+        text += (f"\n\nBUSY MACHINE: {len(busy)} of {len(results)} runs started with "
+                 f"{min(r.busy_before for r in busy):.2f} to "
+                 f"{max(r.busy_before for r in busy):.2f} cores busy before them "
+                 "(another process?); their figures measure it too.")
     if failures:
         text += "\n\nFAILED RUNS:\n" + "\n".join(
             f"  {r.workload} on {r.system}, round {r.round}: {r.failure.splitlines()[0]}"

@@ -61,3 +61,28 @@ def test_rows_hold_medians_cores_and_ratios_paired_by_round() -> None:
     row = next(line for line in lines if line.startswith("gridstream exactly_once"))
     cores_end = columns.index("cores") + len("cores")
     assert row[cores_end - 4:cores_end] == "1.50"
+
+
+def test_busy_cores_counts_the_time_not_idle_nor_waiting_for_io() -> None:
+    peers = peers_module()
+    before = [100, 0, 50, 1000, 10, 0, 0, 0, 0, 0]
+    # 150 user, 50 system, 80 idle, 20 waiting for I/O: 200 of 300 busy.
+    after = [250, 0, 100, 1080, 30, 0, 0, 0, 0, 0]
+    assert abs(peers.busy_cores(before, after, 2) - 4 / 3) < 1e-9
+    assert peers.busy_cores(before, before, 2) == 0.0
+
+
+def test_runs_started_on_a_busy_machine_are_named_under_the_table(tmp_path: Path) -> None:
+    peers = peers_module()
+    order = [peers.System("plain Python", "plain Python", False, "python",
+                          lambda _w: "plain.py")]
+    runs = [peers.Run("taxi", "plain Python", number, 1_000, ok=True, seconds=1.0,
+                      cpu_seconds=1.0, busy_before=busy)
+            for number, busy in ((1, 0.02), (2, 1.04), (3, 0.9))]
+    peers.report(runs, order, {"wordcount": 0, "taxi": 1_000}, "header", tmp_path, {})
+    text = (tmp_path / "peers.txt").read_text()
+    assert "BUSY MACHINE: 2 of 3 runs started with 0.90 to 1.04 cores busy" in text
+    quiet = [peers.Run("taxi", "plain Python", 1, 1_000, ok=True, seconds=1.0,
+                       cpu_seconds=1.0, busy_before=0.1)]
+    peers.report(quiet, order, {"wordcount": 0, "taxi": 1_000}, "header", tmp_path, {})
+    assert "BUSY" not in (tmp_path / "peers.txt").read_text()
