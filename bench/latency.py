@@ -89,6 +89,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import latency_job
 from bench.latency_report import INTERVAL_S, plot, table
+from bench.machine import busy_cores, machine_cpu_times
 from bench.percentiles import bucket_percentile, exact_percentile
 from bench.plots import add_out_argument, out_dir
 from bench.recovery import loop_lags
@@ -221,6 +222,9 @@ class Paced:
     """Records by due second and 0.1 ms steps from due to handed to the client."""
     cpu: dict[str, float]
     wall: float
+    machine_cores: float = 0.0
+    """Cores busy on the whole machine over the same span as ``cpu``
+    (:func:`bench.machine.busy_cores`)."""
 
 
 async def measure_peak(client: Client, workload: Workload, delivery: str,
@@ -339,6 +343,7 @@ async def paced_run(cluster: LocalCluster, client: Client, workload: Workload, j
     await asyncio.sleep(max(0.0, t0 - time.time()))
     cpu_before = {pid: process_cpu_seconds(pid) for pid in pids}
     client_before = own_cpu_seconds()
+    machine_before = machine_cpu_times()
     watcher = asyncio.create_task(scraper())
     producer = (Producer(HandingClient(client, handed), job_id, max_in_flight=in_flight)
                 if sender == "producer" else None)
@@ -380,6 +385,7 @@ async def paced_run(cluster: LocalCluster, client: Client, workload: Workload, j
         cpu = {"client": own_cpu_seconds() - client_before}
         for pid, role in pids.items():
             cpu[role] = cpu.get(role, 0.0) + process_cpu_seconds(pid) - cpu_before[pid]
+        machine = busy_cores(machine_before, machine_cpu_times(), os.cpu_count() or 1)
     finally:
         watcher.cancel()
         if producer is not None:
@@ -389,7 +395,7 @@ async def paced_run(cluster: LocalCluster, client: Client, workload: Workload, j
     scrapes.append(Scrape(time.time(), await asyncio.to_thread(scrape_histogram, workers,
                                                                job_id)))
     return Paced(t0, rate, total, total * workload.units_per_record, send_seconds, scrapes,
-                 handed, cpu, wall)
+                 handed, cpu, wall, machine)
 
 
 def steps_between(observed: Mapping[tuple[int, int], int], low: int, high: int
@@ -517,7 +523,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "partitions": workload.partitions or config.cluster.partitions,
         "tracking_flush_s": config.cluster.tracking_flush_s,
         "records": paced.records, "units": paced.units, "send_seconds": paced.send_seconds,
-        "wall_s": paced.wall, "cpu_s": paced.cpu, "loop_lag_s": lag, "loop_held_s": held,
+        "wall_s": paced.wall, "cpu_s": paced.cpu, "machine_cores": paced.machine_cores,
+        "loop_lag_s": lag, "loop_held_s": held,
         "intervals": rows, "whole": whole_run(sink), "target_ms": TARGET_MS,
         "problems": problems,
     }

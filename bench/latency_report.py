@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench.machine import IDLE_LIMIT_CORES
 from bench.plots import lines, pyplot
 from gridstream.metrics import LATENCY_BUCKETS_S
 
@@ -79,6 +80,13 @@ def table(f: dict[str, Any]) -> str:
                            for role, seconds in sorted(cpu.items()))
                + f"); worst worker event-loop lag {f['loop_lag_s'] * 1e3:,.0f} ms "
                f"({f['loop_held_s'] * 1e3:,.0f} ms of it computing)")
+    if "machine_cores" in f:  # runs before 2026-12-05 13:15 did not record it
+        other = f["machine_cores"] - busy
+        out.append(f"the whole machine: {f['machine_cores']:.2f} cores busy, "
+                   f"{other:.2f} of them outside the cluster and this client"
+                   + (f"; !!! more than {IDLE_LIMIT_CORES:g}: another load ran beside "
+                      "the bench, and these figures measure it too"
+                      if other > IDLE_LIMIT_CORES else ""))
     waits = ("the wait for the producer's send before" if producer
              else "the tick's linger and any wait for a send slot")
     out.append(f"sent/s: {unit} due in the interval that reached the sink, per second; "

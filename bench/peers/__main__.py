@@ -50,6 +50,7 @@ sys.path.insert(1, str(HERE.parent.parent))
 
 from common import check_taxi_layout  # noqa: E402
 
+from bench.machine import IDLE_LIMIT_CORES, machine_busy_cores  # noqa: E402
 from bench.plots import Reference, hbars, pyplot  # noqa: E402
 from gridstream.demo import compare  # noqa: E402
 from gridstream.examples import taxi, wordcount  # noqa: E402
@@ -63,10 +64,6 @@ RUN_TIMEOUT_S = 1800.0
 BUSY_SAMPLE_S = 0.3
 """How long the machine is watched before each run (outside its window)."""
 
-BUSY_LIMIT_CORES = 0.25
-"""Cores busy before a run above which the run is flagged: something else is
-running, and the run's figures measure it too (a stray busy loop once cost
-gridstream's taxi runs a fifth of their rate, docs/benchmarks.md)."""
 
 
 @dataclass(frozen=True)
@@ -182,28 +179,6 @@ class Run:
         return self.cpu_seconds / self.seconds if self.seconds else 0.0
 
 
-def busy_cores(before: list[int], after: list[int], cores: int) -> float:
-    """Cores busy between two readings of ``/proc/stat``'s ``cpu`` line (its
-    numbers: user, nice, system, idle, iowait, irq, softirq, steal, ...):
-    the share of the time not idle or waiting for I/O, times the cores."""
-    spent = [b - a for a, b in zip(before, after, strict=True)]
-    total = sum(spent[:8])
-    if total <= 0:
-        return 0.0
-    return (total - spent[3] - spent[4]) / total * cores
-
-
-def machine_busy_cores(seconds: float) -> float:
-    """Cores busy on the whole machine over the next ``seconds``."""
-    def reading() -> list[int]:
-        with open("/proc/stat") as stat:
-            return [int(n) for n in stat.readline().split()[1:]]
-
-    before = reading()
-    time.sleep(seconds)
-    return busy_cores(before, reading(), os.cpu_count() or 1)
-
-
 def loud(message: str) -> None:
     """A failure, impossible to miss in the scrolling output."""
     bar = "!" * 78
@@ -237,7 +212,7 @@ def run_once(system: System, workload: str, data: Path, records: int, expected: 
     os.sync()
     run = Run(workload, system.name, number, records)
     run.busy_before = machine_busy_cores(BUSY_SAMPLE_S)
-    if run.busy_before > BUSY_LIMIT_CORES:
+    if run.busy_before > IDLE_LIMIT_CORES:
         loud(f"BUSY MACHINE before {workload} on {system.name} (round {number}): "
              f"{run.busy_before:.2f} cores busy with nothing of the bench running; "
              "this run's figures measure that too")
@@ -474,7 +449,7 @@ def report(results: list[Run], order: list[System], sizes: dict[str, int], heade
     rows = summarise(results, order)
     text = table(rows, sizes, header)
     failures = [r for r in results if not r.ok]
-    busy = [r for r in results if r.busy_before > BUSY_LIMIT_CORES]
+    busy = [r for r in results if r.busy_before > IDLE_LIMIT_CORES]
     if busy:
         text += (f"\n\nBUSY MACHINE: {len(busy)} of {len(results)} runs started with "
                  f"{min(r.busy_before for r in busy):.2f} to "

@@ -139,3 +139,16 @@ def test_the_table_says_how_the_records_were_sent() -> None:
     for older in (table(figures_of(None)), table(figures_of("ticks"))):
         assert "handed to the client every 50 ms, split over 1 partition(s)" in older
         assert "the tick's linger" in older and "Producer" not in older
+
+
+def test_the_table_says_when_another_load_ran_beside_the_bench() -> None:
+    figures = figures_of("producer")  # the cluster and client: 1.0 CPU-s over 5.1 s
+    own = 1.0 / 5.1
+    figures["machine_cores"] = own + 0.05
+    quiet = table(figures)
+    assert "0.05 of them outside the cluster and this client" in quiet
+    assert "!!!" not in quiet
+    figures["machine_cores"] = own + 0.9
+    busy = table(figures)
+    assert "0.90 of them outside the cluster and this client; !!! more than 0.25" in busy
+    assert "the whole machine" not in table(figures_of(None))  # not recorded then

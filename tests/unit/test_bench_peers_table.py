@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
+from bench.machine import busy_cores
+
 PEERS = Path(__file__).resolve().parents[2] / "bench" / "peers"
 
 
@@ -64,12 +66,11 @@ def test_rows_hold_medians_cores_and_ratios_paired_by_round() -> None:
 
 
 def test_busy_cores_counts_the_time_not_idle_nor_waiting_for_io() -> None:
-    peers = peers_module()
     before = [100, 0, 50, 1000, 10, 0, 0, 0, 0, 0]
     # 150 user, 50 system, 80 idle, 20 waiting for I/O: 200 of 300 busy.
     after = [250, 0, 100, 1080, 30, 0, 0, 0, 0, 0]
-    assert abs(peers.busy_cores(before, after, 2) - 4 / 3) < 1e-9
-    assert peers.busy_cores(before, before, 2) == 0.0
+    assert abs(busy_cores(before, after, 2) - 4 / 3) < 1e-9
+    assert busy_cores(before, before, 2) == 0.0
 
 
 def test_runs_started_on_a_busy_machine_are_named_under_the_table(tmp_path: Path) -> None:
