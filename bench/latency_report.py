@@ -80,7 +80,7 @@ def table(f: dict[str, Any]) -> str:
                            for role, seconds in sorted(cpu.items()))
                + f"); worst worker event-loop lag {f['loop_lag_s'] * 1e3:,.0f} ms "
                f"({f['loop_held_s'] * 1e3:,.0f} ms of it computing)")
-    if "machine_cores" in f:  # runs before 2026-12-05 13:15 did not record it
+    if "machine_cores" in f:  # runs before 2026-12-05 13:10 did not record it
         other = f["machine_cores"] - busy
         out.append(f"the whole machine: {f['machine_cores']:.2f} cores busy, "
                    f"{other:.2f} of them outside the cluster and this client"
