@@ -65,7 +65,6 @@ BUSY_SAMPLE_S = 0.3
 """How long the machine is watched before each run (outside its window)."""
 
 
-
 @dataclass(frozen=True)
 class System:
     """One system set-up: how to start its runner for a workload, and what must
