@@ -71,12 +71,16 @@ def batch_of_runs(count: int, key_runs: list[bytes] | None,
         encoding=common_pb2.PAYLOAD_ENCODING_MSGPACK_V1, count=count, payload=payload)
 
 
-def decode_batch(batch: common_pb2.RecordBatch) -> tuple[list[Any] | None, list[Any]]:
-    """Unpacks a RecordBatch into (keys or None, values), checking its header."""
+def decode_batch(batch: common_pb2.RecordBatch, payload: bytes | None = None
+                 ) -> tuple[list[Any] | None, list[Any]]:
+    """Unpacks a RecordBatch into (keys or None, values), checking its header.
+    ``payload``, when given, is ``batch.payload`` already read (each read of
+    the field copies it)."""
     if batch.encoding != common_pb2.PAYLOAD_ENCODING_MSGPACK_V1:
         raise PayloadError(f"unknown payload encoding {batch.encoding}; use MSGPACK_V1")
     try:
-        decoded = msgpack.unpackb(batch.payload, raw=False, strict_map_key=False)
+        decoded = msgpack.unpackb(batch.payload if payload is None else payload,
+                                  raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types
         raise PayloadError(f"payload is not valid msgpack: {type(exc).__name__}") from None
     if (

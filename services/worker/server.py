@@ -130,7 +130,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             raise PermissionDenied("only workers set sender; clients leave it empty "
                                    "(nothing was appended)")
         request.DiscardUnknownFields()  # not ours to keep, and not counted by the bound
-        size = push_bound(request)  # ByteSize() would encode the whole push to tell
+        # Each payload read once (every read copies it), for the bound and the
+        # decoding; ByteSize() would encode the whole push to tell the size.
+        payloads = [segment.batch.payload for segment in request.segments]
+        size = push_bound(request, payloads)
         if size > self.max_batch_bytes:
             raise ResourceExhausted(
                 f"push of about {size} bytes exceeds worker.max_batch_bytes="
@@ -146,7 +149,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             if not member:
                 check_client_segment(i, segment)
             try:
-                keys, values = codec.decode_batch(segment.batch)
+                keys, values = codec.decode_batch(segment.batch, payloads[i])
             except codec.PayloadError as exc:
                 raise InvalidArgument(f"segment {i}: {exc}; nothing was appended") from None
             if not member:

@@ -63,6 +63,8 @@ def test_every_bound_is_at_least_the_encoded_size_and_close_to_it() -> None:
             assert segment.ByteSize() < segment_bound(segment)
         slack = SLACK_PER_BATCH * (len(push.segments) + 1)
         assert push.ByteSize() <= push_bound(push) <= push.ByteSize() + slack
+        # A worker passes the payloads it read once; the bound is the same.
+        assert push_bound(push, [s.batch.payload for s in push.segments]) == push_bound(push)
 
         replication = worker_pb2.ReplicateRequest(
             job_id=text(rng), task=integer(rng, 2**32 - 1), partition=integer(rng, 2**32 - 1),
