@@ -178,9 +178,10 @@ def group_by_partition(keys: Sequence[Any], values: list[Any], partitions: int,
 
 
 def _place(key: Any, partitions: int, known: dict[str, int]) -> int:
-    """``key``'s partition, remembered in ``known`` when it is an exact str
-    (a key equal to a remembered str but of another type, such as a str
-    subclass, is computed each time)."""
+    """``key``'s partition, remembered in ``known`` when it is an exact str.
+    Only a str (or a str subclass, whose text and so whose partition is the
+    same) can equal a remembered key, so the lookup over all keys in
+    :func:`group_by_partition` never gives a key another type's partition."""
     if type(key) is str:
         place = known.get(key)
         if place is None:
