@@ -366,6 +366,37 @@ async def _restarted(client: Client, before: dict[str, str], timeout_s: float = 
         await asyncio.sleep(0.05)
 
 
+NO_WORKER_BACK_S = 30.0
+"""How long a fault waits for a worker process to be back when every one is
+down: a restart takes a second or two, so this long means restarts fail."""
+
+
+async def running_workers(cluster: LocalCluster, workers: list[str],
+                          timeout_s: float = NO_WORKER_BACK_S) -> list[str]:
+    """The workers a fault can land on: their process runs and has written
+    its ready file (one killed a moment ago may still be restarting; a
+    process not yet ready was never given work, and no detector can see it
+    go). Faults do not wait for the cluster to heal, and faults close
+    together can leave every worker down at once; a fault still needs a
+    process to land on, so this waits for the first one back. A signal
+    sent to a worker that is down would fail with ProcessLookupError
+    (the chaos run died of one when every worker was down at a pause).
+    Raises TimeoutError naming the workers when none is back in
+    ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = [w for w in workers if cluster.members[w].alive()
+                   and cluster.members[w].ready_file.exists()]
+        if running:
+            return running
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"no worker of {', '.join(workers)} was running and ready {timeout_s:.0f}s "
+                f"into a fault's wait for one: their restarts fail (logs in "
+                f"{cluster.run_dir / 'logs'})")
+        await asyncio.sleep(0.05)
+
+
 async def _inject(cluster: LocalCluster, step: Step, rng: random.Random,
                   sender: Sender, proxy: FaultProxy | None,
                   earlier: list[FaultRecord], note_incarnations: bool) -> FaultRecord:
@@ -395,11 +426,7 @@ async def _inject(cluster: LocalCluster, step: Step, rng: random.Random,
         await _restarted(sender.client, previous.incarnations)
         victims = previous.victims
     else:
-        # Faults land on running, registered workers (one killed a moment ago
-        # may still be restarting; a process not yet registered was never
-        # given work, and no detector can see it go): victims come from those.
-        running = [w for w in workers if cluster.members[w].alive()
-                   and cluster.members[w].ready_file.exists()] or workers
+        running = await running_workers(cluster, workers)
         victims = rng.sample(running, min(step.victims, len(running)))
     record = FaultRecord(step.kind, victims, time.time(), time.monotonic(), sender.in_flight())
     if step.kind == "kill" and note_incarnations:  # a later step hits them again
