@@ -163,6 +163,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             # per push, and an epoch still ahead is refused, not fetched again.
             self.node.routing.check_reached(request.epoch, f"segment {i}")
             decoded.append((runner, segment, keys, values))
+        del payloads  # decoded: the copies need not live through the commits
         if request.sender:
             self.node.check_sender(request.job_id, request.sender, request.epoch,
                                    [s.channel for s in request.segments])
