@@ -300,7 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
 async def history_main(args: argparse.Namespace) -> int:
     """``--workload history``: a fault every 1/rate seconds for ``--for``
     seconds (or ``--faults`` faults), under continuous load, then the checker."""
-    from gridstream.scenarios import Step, run_history
+    from gridstream.faultsteps import Step
+    from gridstream.scenarios import run_history
 
     interval = 1.0 / max(args.rate, 1e-3)
     duration = args.for_s if args.for_s else interval * (args.faults + 1)

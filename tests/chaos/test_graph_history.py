@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from gridstream.config import ClusterConfig, Config
-from gridstream.scenarios import Step, run_history
+from gridstream.faultsteps import Step
+from gridstream.scenarios import run_history
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.slow]
 

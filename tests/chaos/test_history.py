@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from gridstream.config import ClusterConfig, Config
-from gridstream.scenarios import HistoryRun, Step, run_history
+from gridstream.faultsteps import Step
+from gridstream.scenarios import HistoryRun, run_history
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.slow]
 

@@ -35,7 +35,8 @@ from pathlib import Path
 import pytest
 
 from gridstream.config import ClusterConfig, Config
-from gridstream.scenarios import Step, run_trips
+from gridstream.faultsteps import Step
+from gridstream.scenarios import run_trips
 
 pytestmark = [pytest.mark.chaos, pytest.mark.integration, pytest.mark.slow]
 

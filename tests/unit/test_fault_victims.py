@@ -1,4 +1,4 @@
-"""Where a history run's next fault lands (``gridstream.scenarios.running_workers``).
+"""Where a history run's next fault lands (``gridstream.faultsteps.running_workers``).
 
 History runs do not wait for the cluster to heal between faults, so faults
 close together can leave every worker down at once. A fault then waits for
@@ -16,8 +16,8 @@ from typing import Any, cast
 
 import pytest
 
+from gridstream.faultsteps import running_workers
 from gridstream.local import LocalCluster
-from gridstream.scenarios import running_workers
 
 
 class StandInMember:
