@@ -73,6 +73,7 @@ class FaultRecord:
     incarnations: dict[str, str] = field(default_factory=dict)
     """Worker kills: the victims' incarnations when killed (``again`` waits for new ones)."""
 
+
 class FaultSender(Protocol):
     """What a fault reads of the run's sender: its client, and whether
     records are in flight as the fault lands."""
