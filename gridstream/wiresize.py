@@ -62,13 +62,11 @@ def push_bound(request: worker_pb2.PushRequest, payloads: list[bytes] | None = N
     are its segments' payloads already read, in order: a worker reads each
     once, for this bound and for decoding (a 20,000-record taxi payload is
     1.4 MB, and every read of the field copies it)."""
-    segments = request.segments
     if payloads is None:
-        entries = sum(map(segment_bound, segments))
-    else:
-        entries = sum(map(segment_bound, segments, payloads))
+        payloads = [segment.batch.payload for segment in request.segments]
     return (3 * (_TAG + _LENGTH) + _TAG + _VARINT + text_bytes(request.job_id)
-            + text_bytes(request.sender) + entries)
+            + text_bytes(request.sender)
+            + sum(map(segment_bound, request.segments, payloads)))
 
 
 def replication_bound(request: worker_pb2.ReplicateRequest) -> int:

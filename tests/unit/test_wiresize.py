@@ -9,6 +9,8 @@ import random
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
 from gridstream import codec
 from gridstream.v1 import common_pb2, stateserver_pb2, worker_pb2
 from gridstream.wiresize import (
@@ -131,3 +133,61 @@ async def test_a_push_drops_unknown_fields_and_is_sized_by_what_it_keeps() -> No
     assert list(response.outcomes) == [worker_pb2.SEGMENT_OUTCOME_ACCEPTED]
     assert request.ByteSize() <= push_bound(request) < 1_000
     assert appended[0].ByteSize() == batch.ByteSize()  # kept as it was sent, without the junk
+
+
+def test_a_bound_and_a_decoding_use_the_payload_they_are_given() -> None:
+    # The payload passed in stands for the field, so the field is not read
+    # (copied) again: a different payload shows which one was used.
+    batch = codec.encode_batch(["one"], None)
+    other = codec.encode_batch(["two", "three"], None)
+    push = worker_pb2.PushRequest(job_id="j")
+    push.segments.add(channel="src/p", sequence=1, batch=batch)
+    longer = other.payload + bytes(1_000)
+    assert push_bound(push, [longer]) - push_bound(push) == len(longer) - len(batch.payload)
+    # batch's header says 1 record; the payload given holds 2.
+    with pytest.raises(codec.PayloadError, match="says 1 records, payload holds 2"):
+        codec.decode_batch(batch, other.payload)
+    assert codec.decode_batch(batch, batch.payload) == (None, ["one"])
+
+
+async def test_a_push_reads_each_payload_once_for_its_bound_and_its_decoding(
+        monkeypatch: Any) -> None:
+    from services.worker import server
+
+    bounded: list[bytes] = []
+    decoded: list[bytes | None] = []
+
+    def recording_bound(request: worker_pb2.PushRequest,
+                        payloads: list[bytes] | None = None) -> int:
+        assert payloads is not None, "the handler must pass the payloads it read"
+        bounded.extend(payloads)
+        return push_bound(request, payloads)
+
+    real_decode = codec.decode_batch
+
+    def recording_decode(batch: common_pb2.RecordBatch, payload: bytes | None = None) -> Any:
+        decoded.append(payload)
+        return real_decode(batch, payload)
+
+    monkeypatch.setattr(server, "push_bound", recording_bound)
+    monkeypatch.setattr(server.codec, "decode_batch", recording_decode)
+    request = worker_pb2.PushRequest(job_id="j")
+    for sequence, record in ((1, "a"), (2, "b")):
+        request.segments.add(partition=0, channel="src/p", sequence=sequence,
+                             batch=codec.encode_batch([record], None))
+
+    async def append(*_: Any, **__: Any) -> Any:
+        async def committed() -> bool:
+            return True
+        return committed
+
+    async def runner_for(*_: Any) -> Any:
+        return SimpleNamespace(append=append)
+
+    node = SimpleNamespace(runner_for=runner_for, routing=SimpleNamespace(
+        epoch=1, check_reached=lambda *_: None))
+    servicer = WorkerServicer(cast(Any, node), max_batch_bytes=1 << 20)
+    await servicer.Push(request, cast(Any, SimpleNamespace(time_remaining=lambda: None)))
+    assert len(bounded) == len(decoded) == 2
+    # The very bytes objects the bound read are the ones decoded: one read each.
+    assert all(d is b for d, b in zip(decoded, bounded, strict=True))
