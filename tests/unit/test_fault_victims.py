@@ -5,18 +5,22 @@ close together can leave every worker down at once. A fault then waits for
 the first worker process back instead of signalling one that is down (which
 failed the whole chaos run with ProcessLookupError), and says so when none
 comes back. The members here are stand-ins with the two things the choice
-reads: whether the process runs, and whether it wrote its ready file.
+reads: whether the process runs, and whether it wrote its ready file; the
+cluster's stand-in refuses to signal a process that is down, as the real
+one does.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
+import signal
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from gridstream.faultsteps import running_workers
+from gridstream.faultsteps import Step, inject, running_workers
 from gridstream.local import LocalCluster
 
 
@@ -26,6 +30,7 @@ class StandInMember:
     def __init__(self, ready_file: Path, running: bool) -> None:
         self.ready_file = ready_file
         self.running = running
+        self.role = "worker"
 
     def alive(self) -> bool:
         return self.running
@@ -37,6 +42,14 @@ class StandInCluster:
     def __init__(self, run_dir: Path, members: dict[str, StandInMember]) -> None:
         self.run_dir = run_dir
         self.members = members
+        self.signals: list[tuple[str, int]] = []
+
+    def kill(self, name: str, sig: int) -> int:
+        """As LocalCluster.kill: a process that is gone cannot be signalled."""
+        if not self.members[name].running:
+            raise ProcessLookupError(f"{name} is not running")
+        self.signals.append((name, sig))
+        return 0
 
 
 def cluster_of(tmp_path: Path, states: dict[str, tuple[bool, bool]]) -> Any:
@@ -78,3 +91,33 @@ async def test_no_worker_back_in_time_is_named(tmp_path: Path) -> None:
     cluster = cluster_of(tmp_path, {"worker-1": (False, True), "worker-2": (True, False)})
     with pytest.raises(TimeoutError, match=r"worker-1, worker-2.*restarts fail"):
         await running_workers(cluster, ["worker-1", "worker-2"], timeout_s=0.2)
+
+
+class StandInSender:
+    """A sender with records in flight (a pause step asks nothing else of it)."""
+
+    client = None
+
+    def in_flight(self) -> bool:
+        return True
+
+
+async def test_a_pause_with_every_worker_down_lands_on_the_first_back(
+        tmp_path: Path) -> None:
+    # Through the step itself: the former chooser fell back to any worker
+    # and signalled a dead one (ProcessLookupError here, as in the real run).
+    cluster = cluster_of(tmp_path, {"worker-1": (False, True), "worker-2": (False, True),
+                                    "worker-3": (False, True)})
+
+    async def restart_worker_3() -> None:
+        await asyncio.sleep(0.2)
+        cluster.members["worker-3"].running = True
+
+    restart = asyncio.create_task(restart_worker_3())
+    try:
+        record = await inject(cluster, Step("pause", 0.0, pause_s=0.0), random.Random(1),
+                              cast(Any, StandInSender()), None, [], False)
+    finally:
+        await restart
+    assert record.victims == ["worker-3"] and record.in_flight
+    assert cluster.signals == [("worker-3", signal.SIGSTOP), ("worker-3", signal.SIGCONT)]
