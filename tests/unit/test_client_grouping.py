@@ -40,6 +40,25 @@ def test_grouping_matches_partition_for_key() -> None:
             assert list(got) == sorted(got)
 
 
+def test_grouping_with_remembered_partitions_matches_partition_for_key() -> None:
+    # One ``known`` across sends, as a client keeps it: a remembered str key
+    # must never hand its partition to a key equal to it as a dict key but of
+    # another type, nor a key remembered in one send change in the next.
+    rng = random.Random(7)
+    choices: list[Any] = [f"dev{i}" for i in range(50)] + ["1", 1, 1.0, True, "True",
+                                                           b"1", [1], None]
+    for partitions in (5, 12):
+        known: dict[str, int] = {}
+        for _ in range(40):
+            keys = [rng.choice(choices) for _ in range(rng.randrange(1, 200))]
+            values = list(range(len(keys)))
+            got = group_by_partition(keys, values, partitions, known)
+            for p, (bucket_keys, _) in got.items():
+                assert all(partition_for_key(k, partitions) == p for k in bucket_keys)
+            assert sum(len(v) for _, v in got.values()) == len(values)
+        assert all(type(k) is str for k in known)
+
+
 def _per_partition(steps: list[list[tuple[int, Batch]]]) -> dict[int, list[Batch]]:
     batches: dict[int, list[Batch]] = {}
     for step in steps:
