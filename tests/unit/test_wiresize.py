@@ -102,19 +102,10 @@ def length_delimited(field: int, payload: bytes) -> bytes:
     return bytes(out) + payload
 
 
-async def test_a_push_drops_unknown_fields_and_is_sized_by_what_it_keeps() -> None:
-    # The bounds count the declared fields only: a push's unknown fields
-    # (here 2 MiB of them, at the top and inside its segment) are dropped
-    # before it is sized, so they are neither counted nor kept and copied on.
-    junk = length_delimited(100, bytes(2 << 20))
-    batch = codec.encode_batch(["a record"], None)
-    segment = worker_pb2.Segment(partition=0, channel="src/p", sequence=1, batch=batch)
-    wire = (worker_pb2.PushRequest(job_id="j").SerializeToString()
-            + length_delimited(3, segment.SerializeToString() + junk) + junk)
-    request = worker_pb2.PushRequest.FromString(wire)
-    assert request.ByteSize() > 4 << 20 > push_bound(request)  # received with the junk
-    appended: list[common_pb2.RecordBatch] = []
-
+async def push_accepted(request: worker_pb2.PushRequest,
+                        appended: list[common_pb2.RecordBatch]) -> worker_pb2.PushResponse:
+    """``request`` through a worker's Push handler whose containers accept and
+    commit every segment at once; each appended wire batch goes to ``appended``."""
     async def append(channel: str, sequence: int, keys: Any, values: Any, wait: Any,
                      wire_batch: common_pb2.RecordBatch, **_: Any) -> Any:
         appended.append(wire_batch)
@@ -129,7 +120,24 @@ async def test_a_push_drops_unknown_fields_and_is_sized_by_what_it_keeps() -> No
     node = SimpleNamespace(runner_for=runner_for, routing=SimpleNamespace(
         epoch=1, check_reached=lambda *_: None))
     servicer = WorkerServicer(cast(Any, node), max_batch_bytes=1 << 20)
-    response = await servicer.Push(request, cast(Any, SimpleNamespace(time_remaining=lambda: None)))
+    response: worker_pb2.PushResponse = await servicer.Push(
+        request, cast(Any, SimpleNamespace(time_remaining=lambda: None)))
+    return response
+
+
+async def test_a_push_drops_unknown_fields_and_is_sized_by_what_it_keeps() -> None:
+    # The bounds count the declared fields only: a push's unknown fields
+    # (here 2 MiB of them, at the top and inside its segment) are dropped
+    # before it is sized, so they are neither counted nor kept and copied on.
+    junk = length_delimited(100, bytes(2 << 20))
+    batch = codec.encode_batch(["a record"], None)
+    segment = worker_pb2.Segment(partition=0, channel="src/p", sequence=1, batch=batch)
+    wire = (worker_pb2.PushRequest(job_id="j").SerializeToString()
+            + length_delimited(3, segment.SerializeToString() + junk) + junk)
+    request = worker_pb2.PushRequest.FromString(wire)
+    assert request.ByteSize() > 4 << 20 > push_bound(request)  # received with the junk
+    appended: list[common_pb2.RecordBatch] = []
+    response = await push_accepted(request, appended)
     assert list(response.outcomes) == [worker_pb2.SEGMENT_OUTCOME_ACCEPTED]
     assert request.ByteSize() <= push_bound(request) < 1_000
     assert appended[0].ByteSize() == batch.ByteSize()  # kept as it was sent, without the junk
@@ -175,19 +183,7 @@ async def test_a_push_reads_each_payload_once_for_its_bound_and_its_decoding(
     for sequence, record in ((1, "a"), (2, "b")):
         request.segments.add(partition=0, channel="src/p", sequence=sequence,
                              batch=codec.encode_batch([record], None))
-
-    async def append(*_: Any, **__: Any) -> Any:
-        async def committed() -> bool:
-            return True
-        return committed
-
-    async def runner_for(*_: Any) -> Any:
-        return SimpleNamespace(append=append)
-
-    node = SimpleNamespace(runner_for=runner_for, routing=SimpleNamespace(
-        epoch=1, check_reached=lambda *_: None))
-    servicer = WorkerServicer(cast(Any, node), max_batch_bytes=1 << 20)
-    await servicer.Push(request, cast(Any, SimpleNamespace(time_remaining=lambda: None)))
+    await push_accepted(request, [])
     assert len(bounded) == len(decoded) == 2
     # The very bytes objects the bound read are the ones decoded: one read each.
     assert all(d is b for d, b in zip(decoded, bounded, strict=True))
